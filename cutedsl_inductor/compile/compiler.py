@@ -1,0 +1,202 @@
+"""Compile once: every kernel specialization is compiled at most once per process and,
+with the disk cache on, once per machine (or once anywhere, with ``precompile``).
+
+A specialization's key hashes everything that changes the binary: the module source
+(which contains the template's parameters), the entry name, the argument specs, the
+target arch, the compile options and the versions of nvidia-cutlass-dsl,
+apache-tvm-ffi and this package. ``compile_entry`` compiles a ``@cute.jit`` entry with
+TVM-FFI (the stream comes from the caller's current torch stream); the result takes
+torch tensors directly. ``JitOnce`` gives upstream-style modules, whose plain Python
+entry calls a ``@cute.jit`` function itself, the same compile-once behaviour per
+distinct argument signature (CuTe's own ``__cache_key__`` of each argument).
+
+Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming the
+template, parameters and generated file; nothing is cached for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import config
+from ..exc import KernelCompileError, format_params
+from .specs import ArgSpec, fake_arguments, specs_key
+
+log = logging.getLogger(__name__)
+
+# key -> compiled callable; guarded by _COMPILE_LOCK (CuTe's compiler is not re-entrant)
+_COMPILED: dict[str, Any] = {}
+_COMPILE_LOCK = threading.RLock()
+# how many CuTe compilations this process ran (benchmarks and tests read it)
+stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+@functools.cache
+def toolchain_versions() -> dict[str, str]:
+    from .. import __version__
+
+    versions = {"cutedsl_inductor": __version__}
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "absent"
+    return versions
+
+
+def target_arch() -> str:
+    """``config.arch``, else the current GPU's (``sm_90a`` on Hopper), else sm_90a."""
+    if config.arch:
+        return config.arch
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        suffix = "a" if major >= 9 else ""
+        return f"sm_{major}{minor}{suffix}"
+    return "sm_90a"
+
+
+def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
+    material = {
+        "source": hashlib.sha256(source.encode()).hexdigest(),
+        "entry": entry,
+        "specs": specs_key(specs),
+        "arch": arch,
+        "options": config.compile_options,
+        "versions": toolchain_versions(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def is_cute_jit(fn: Any) -> bool:
+    return callable(fn) and getattr(fn, "_decorator_kind", None) == "jit"
+
+
+def compile_options(arch: str, tvm_ffi: bool) -> str:
+    options = f"--gpu-arch {arch}"
+    if tvm_ffi:
+        options += " --enable-tvm-ffi"
+    return f"{options} {config.compile_options}".strip()
+
+
+def compile_entry(
+    entry_fn: Callable[..., Any],
+    specs: list[ArgSpec],
+    *,
+    key: str,
+    arch: str,
+    describe: dict[str, Any],
+) -> Any:
+    """The compiled TVM-FFI function for ``entry_fn`` at ``specs``; compiles on a miss.
+
+    ``describe`` (kernel, template, params, path) goes into errors and cache metadata.
+    """
+    compiled = _COMPILED.get(key)
+    if compiled is not None:
+        stats["memory_hits"] += 1
+        return compiled
+    from .disk_cache import default_cache
+
+    with _COMPILE_LOCK:
+        compiled = _COMPILED.get(key)
+        if compiled is not None:
+            return compiled
+        cache = default_cache() if config.disk_cache else None
+        if cache is None:
+            compiled = _compile(entry_fn, specs, arch, describe)
+        else:
+            with cache.lock(key):
+                compiled = cache.load(key)
+                if compiled is not None:
+                    stats["disk_hits"] += 1
+                else:
+                    compiled = _compile(entry_fn, specs, arch, describe)
+                    cache.store(key, compiled, describe | {"arch": arch})
+        _COMPILED[key] = compiled
+        return compiled
+
+
+def compile_error(describe: dict[str, Any], arch: str, err: Exception) -> KernelCompileError:
+    return KernelCompileError(
+        kernel=describe.get("kernel"),
+        template=describe.get("template"),
+        params=format_params(describe.get("params", {})),
+        arch=arch,
+        cause=f"{type(err).__name__}: {err}",
+        path=describe.get("path"),
+    )
+
+
+def _compile(
+    entry_fn: Callable[..., Any], specs: list[ArgSpec], arch: str, describe: dict[str, Any]
+) -> Any:
+    import cutlass.cute as cute
+    from cutlass.runtime import make_fake_stream
+
+    args = [*fake_arguments(specs), make_fake_stream(use_tvm_ffi_env_stream=True)]
+    start = time.perf_counter()
+    try:
+        compiled = cute.compile(entry_fn, *args, options=compile_options(arch, True))
+    except Exception as err:
+        raise compile_error(describe, arch, err) from err
+    stats["compiled"] += 1
+    log.info(
+        "compiled CuteDSL kernel %s for %s in %.2f s",
+        describe.get("kernel"), arch, time.perf_counter() - start,
+    )
+    return compiled
+
+
+class JitOnce:
+    """Stands in for a module-level ``@cute.jit`` function of an upstream-style module:
+    the first call with a new argument signature compiles, later calls launch the
+    compiled function. The signature is each argument's CuTe ``__cache_key__``
+    (dtype, shape, strides, alignment for tensors); streams and pointers are runtime
+    values; other Python values are part of the signature."""
+
+    def __init__(self, fn: Callable[..., Any], arch: str, describe: dict[str, Any]):
+        self.fn = fn
+        self.arch = arch
+        self.describe = describe
+        self.compiled: dict[tuple[Any, ...], Any] = {}
+
+    @staticmethod
+    def _arg_key(arg: Any) -> Any:
+        cache_key = getattr(arg, "__cache_key__", None)
+        if cache_key is not None:
+            return cache_key
+        if type(arg).__name__ == "CUstream":
+            return "stream"
+        return (type(arg), arg)
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple(self._arg_key(arg) for arg in args)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = self._compile(args, key)
+        return compiled(*args)
+
+    def _compile(self, args: tuple[Any, ...], key: tuple[Any, ...]) -> Any:
+        import cutlass.cute as cute
+
+        with _COMPILE_LOCK:
+            if key in self.compiled:
+                return self.compiled[key]
+            try:
+                compiled = cute.compile(
+                    self.fn, *args, options=compile_options(self.arch, False)
+                )
+            except Exception as err:
+                raise compile_error(self.describe, self.arch, err) from err
+            stats["compiled"] += 1
+            self.compiled[key] = compiled
+            return compiled

@@ -1,0 +1,73 @@
+"""Error classes. Each has a templated message that names what a user needs to act:
+the template, the choice's parameters and the generated file where there is one.
+
+Raise them with keyword arguments: ``raise TemplateRenderError(template="my_add",
+params={"THREADS": 128}, path=None, cause=err)``; ``str(err)`` is the filled template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CuteDSLInductorError(Exception):
+    """Base class: ``message`` is a ``str.format`` template over the keyword arguments."""
+
+    message = "{detail}"
+
+    def __init__(self, **fields: Any) -> None:
+        self.fields = fields
+        super().__init__(self.message.format(**fields))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.fields))
+
+
+def _rebuild(cls: type[CuteDSLInductorError], fields: dict[str, Any]) -> CuteDSLInductorError:
+    return cls(**fields)
+
+
+def format_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "(no parameters)"
+
+
+class TemplateRegistryError(CuteDSLInductorError):
+    message = (
+        "CuteDSL template name {name!r} is already registered with a different source. "
+        "Template names are global: pick another name, or pass the same source."
+    )
+
+
+class TemplateRenderError(CuteDSLInductorError):
+    message = (
+        "CuteDSL template {template!r} failed to render with parameters [{params}]: "
+        "{cause}"
+    )
+
+
+class GeneratedCodeError(CuteDSLInductorError):
+    message = (
+        "CuteDSL template {template!r} with parameters [{params}] rendered invalid "
+        "Python ({cause}); generated file: {path}"
+    )
+
+
+class KernelCompileError(CuteDSLInductorError):
+    message = (
+        "CuteDSL kernel {kernel!r} (template {template!r}, parameters [{params}]) failed "
+        "to compile for {arch}: {cause}; generated file: {path}"
+    )
+
+
+class KernelArgumentError(CuteDSLInductorError):
+    message = (
+        "CuteDSL kernel {kernel!r} (template {template!r}) was called with arguments that "
+        "do not match what it was compiled for.\n  expected: {expected}\n  got:      "
+        "{got}\n  cause: {cause}\n  generated file: {path}"
+    )
+
+
+class CacheEntryError(CuteDSLInductorError):
+    """An on-disk cache entry is unusable; the cache removes it and rebuilds."""
+
+    message = "cache entry {path} is unusable: {reason}"

@@ -1,0 +1,156 @@
+"""CuteDSLScheduling (code generation for ``CuteDSLTemplateBuffer``) and its hook into
+Inductor: ``CuteDSLCombinedScheduling`` extends Inductor's CUDA combined scheduling,
+routes our template nodes to ``CuteDSLScheduling`` and leaves every other node to
+Inductor. ``install()`` registers it for "cuda" (idempotent; done on import of the
+package), replacing only the scheduling of the registered ``DeviceCodegen``.
+
+The output code gets one definition per kernel::
+
+    cutedsl_<template>_<hash> = load_kernel('<name>', r'''<CuTe DSL source>''',
+                                            specs=[TensorSpec(...), ...], ...)
+
+and a call ``cutedsl_<template>_<hash>.run(<args>, stream=streamN)``. The source is
+also written to a real ``.py`` file, whose path the definition's comment names.
+
+Fusion: until templates declare epilogue hooks, every fusion question involving one of
+our nodes is answered "no" (vertical and horizontal), on every supported torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from torch._inductor.codegen.common import IndentedBuffer
+from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+from torch._inductor.scheduler import BaseScheduling, SchedulerNode
+from torch._inductor.utils import get_kernel_metadata
+from torch._inductor.virtualized import V
+
+from ..compile.specs import ArgSpec, specs_for_nodes
+from ..runtime.loader import write_source
+from ..template.kernel import name_kernel
+from .ir import CuteDSLTemplateBuffer
+
+
+def is_cutedsl_template(node: Any) -> bool:
+    return isinstance(node, SchedulerNode) and isinstance(node.node, CuteDSLTemplateBuffer)
+
+
+class CuteDSLScheduling(BaseScheduling):
+    @classmethod
+    def get_backend_features(cls, device: Any) -> Any:
+        from torch.utils._ordered_set import OrderedSet
+
+        return OrderedSet()
+
+    def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
+        return False
+
+    def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
+        return False
+
+    def codegen_template(
+        self,
+        template_node: Any,
+        epilogue_nodes: Sequence[Any],
+        prologue_nodes: Sequence[Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        if epilogue_nodes or prologue_nodes:
+            raise NotImplementedError("CuteDSL templates do not fuse epilogues yet")
+        buffer: CuteDSLTemplateBuffer = template_node.node
+        kernel, render = buffer.make_kernel_render(buffer)
+        template_node.mark_run()
+        kernel_name, source = name_kernel(buffer.template.name, render())
+        refs, nodes = kernel.call_args()
+        specs = specs_for_nodes(nodes, buffer.template.symbolic_shapes)
+        with V.set_kernel_handler(kernel):
+            kernel_name = self.define_kernel(kernel_name, source, specs, buffer, [template_node])
+            V.graph.wrapper_code.generate_kernel_call(
+                kernel_name,
+                refs,
+                triton=True,
+                arg_types=[n.get_dtype() if hasattr(n, "get_dtype") else int for n in nodes],
+            )
+        V.graph.removed_buffers |= kernel.removed_buffers
+        self.free_buffers_in_scheduler()
+
+    def define_kernel(
+        self,
+        kernel_name: str,
+        source: str,
+        specs: list[ArgSpec],
+        buffer: CuteDSLTemplateBuffer,
+        node_schedule: list[Any],
+    ) -> str:
+        wrapper = V.graph.wrapper_code
+        if source in wrapper.src_to_kernel:
+            return wrapper.src_to_kernel[source]
+        wrapper.src_to_kernel[source] = kernel_name
+        if "'''" in source:
+            raise ValueError(f"CuteDSL kernel {kernel_name}: source may not contain '''")
+        wrapper.add_import_once("from cutedsl_inductor.runtime.loader import load_kernel")
+        wrapper.add_import_once(
+            "from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec"
+        )
+        _, path = write_source(source)
+        body = IndentedBuffer()
+        body.writeline(f"load_kernel({kernel_name!r}, r'''")
+        body.splice(source, strip=True)
+        body.writeline("''',")
+        with body.indent():
+            body.writeline(f"specs={specs!r},")
+            body.writeline(f"template={buffer.template.name!r},")
+            body.writeline(f"params={buffer.params!r},")
+        body.writeline(")")
+        origins, detailed = get_kernel_metadata(node_schedule, wrapper)
+        metadata = f"# kernel path: {path}\n{origins}\n{detailed}"
+        wrapper.define_kernel(kernel_name, body.getvalue(), metadata)
+        return kernel_name
+
+
+class CuteDSLCombinedScheduling(CUDACombinedScheduling):
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        self._cutedsl = CuteDSLScheduling(scheduler)
+
+    def choose_node_backend(self, node: Any) -> Any:
+        if is_cutedsl_template(node):
+            return self._cutedsl
+        return super().choose_node_backend(node)
+
+    def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
+        if is_cutedsl_template(node1) or is_cutedsl_template(node2):
+            return self._cutedsl.can_fuse_vertical(node1, node2)
+        return super().can_fuse_vertical(node1, node2)
+
+    def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
+        if any(is_cutedsl_template(n) for n in (node1, node2, *_subnodes(node1), *_subnodes(node2))):
+            return self._cutedsl.can_fuse_horizontal(node1, node2)
+        return super().can_fuse_horizontal(node1, node2)
+
+    def codegen_template(self, template_node: Any, epilogue_nodes: Any, prologue_nodes: Any,
+                         *args: Any, **kwargs: Any) -> Any:
+        if is_cutedsl_template(template_node):
+            return self._cutedsl.codegen_template(template_node, epilogue_nodes, prologue_nodes)
+        return super().codegen_template(template_node, epilogue_nodes, prologue_nodes,
+                                        *args, **kwargs)
+
+
+def _subnodes(node: Any) -> list[Any]:
+    return list(node.get_nodes()) if hasattr(node, "get_nodes") else []
+
+
+def install() -> None:
+    """Register ``CuteDSLCombinedScheduling`` for CUDA devices (idempotent)."""
+    from torch._inductor.codegen import common
+
+    common.init_backend_registration()
+    current = common.device_codegens["cuda"]
+    if current.scheduling is not CuteDSLCombinedScheduling:
+        common.device_codegens["cuda"] = dataclasses.replace(
+            current, scheduling=CuteDSLCombinedScheduling
+        )

@@ -1,0 +1,76 @@
+"""load_kernel: from generated source to a launchable ``CuteDSLKernelWrapper``.
+
+Inductor's output code calls ``load_kernel(name, source, specs, ...)`` once per kernel
+when the output module is imported; autotuning calls it for each choice. CuTe DSL
+compiles from source files, so the source is written to Inductor's code cache
+(``PyCodeCache``: a real ``.py`` file, named by its hash) and imported from there.
+
+A ``@cute.jit`` entry is compiled once per specialization (memory, then disk cache,
+then the compiler); a plain Python entry gets its module's ``@cute.jit`` functions
+wrapped in ``JitOnce``. Invariant: loading the same (source, specs) twice in a process
+returns wrappers around the same compiled function. Failure semantics: a missing entry
+point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch._inductor.codecache import PyCodeCache
+
+from ..compile.compiler import JitOnce, compile_entry, compile_key, is_cute_jit, target_arch
+from ..compile.specs import ArgSpec
+from ..exc import GeneratedCodeError, format_params
+from ..template.kernel import entry_name
+from .wrapper import CuteDSLKernelWrapper, TVMFFIKernelWrapper
+
+log = logging.getLogger(__name__)
+kernel_code_log = torch._logging.getArtifactLogger(__name__, "kernel_code")
+
+
+def write_source(source: str) -> tuple[str, str]:
+    """(cache key, path) of ``source`` written as a ``.py`` file in Inductor's cache."""
+    return PyCodeCache.write(source)
+
+
+def load_kernel(
+    kernel_name: str,
+    source: str,
+    specs: list[ArgSpec],
+    *,
+    template: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> CuteDSLKernelWrapper:
+    key, path = write_source(source)
+    kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
+    describe = {"kernel": kernel_name, "template": template, "params": params or {},
+                "path": path}
+    module = PyCodeCache.load_by_key_path(key, path)
+    name = entry_name(kernel_name)
+    entry = getattr(module, name, None)
+    if entry is None:
+        available = sorted(n for n, v in vars(module).items()
+                           if callable(v) and not n.startswith("_"))
+        raise GeneratedCodeError(
+            template=template,
+            params=format_params(params or {}),
+            cause=f"no entry point {name!r}; callables: {available}",
+            path=path,
+        )
+    arch = target_arch()
+    if is_cute_jit(entry):
+        compiled = compile_entry(
+            entry, specs, key=compile_key(source, name, specs, arch), arch=arch,
+            describe=describe,
+        )
+        return TVMFFIKernelWrapper(
+            compiled, path, kernel_name=kernel_name, template=template, specs=specs
+        )
+    for attr, value in list(vars(module).items()):
+        if is_cute_jit(value):
+            setattr(module, attr, JitOnce(value, arch, describe))
+    return CuteDSLKernelWrapper(
+        entry, path, kernel_name=kernel_name, template=template, specs=specs
+    )

@@ -1,0 +1,154 @@
+"""CuteDSLTemplateCaller: one template x parameter set as an Inductor ``ChoiceCaller``.
+
+``precompile`` compiles the choice (Inductor calls it from a thread pool before
+benchmarking), ``benchmark`` times it on Inductor's example tensors, ``output_node``
+turns the winner into a ``CuteDSLTemplateBuffer``. ``hash_key`` is the template name
+and the hash of the rendered source and argument specs, identical in every process.
+
+Failure semantics: a choice that fails to load, compile or run is logged at warning
+level (template, parameters, generated file, reason), remembered as failed, and
+benchmarks as ``inf``; Inductor then picks another choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from typing import Any
+
+import torch
+from torch._inductor import ir
+
+from ..compile.specs import ArgSpec, specs_key
+from ..exc import format_params
+from ..inductor.ir import CuteDSLTemplateBuffer
+from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
+
+log = logging.getLogger(__name__)
+
+
+class KernelRender:
+    """``make_kernel_render`` of a chosen template: builds the kernel for the final
+    output node; ``render()`` then returns source with the name placeholder in it."""
+
+    def __init__(self, template: Any, input_nodes: list[Any], params: dict[str, Any]):
+        self.template = template
+        self.input_nodes = input_nodes
+        self.params = params
+
+    def __call__(self, out_node: Any, hint_override: int | None = None) -> tuple[Any, Any]:
+        kernel = CuteDSLTemplateKernel(
+            KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params
+        )
+        return kernel, functools.partial(self.template.render, kernel)
+
+
+class CuteDSLTemplateCaller(ir.ChoiceCaller):
+    def __init__(
+        self,
+        name: str,
+        input_nodes: list[Any],
+        layout: ir.Layout,
+        template: Any,
+        params: dict[str, Any],
+        source: str,
+        specs: list[ArgSpec],
+        extra_args: list[int],
+        mutated_inputs: list[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name=name,
+            input_nodes=input_nodes,
+            layout=layout,
+            description=f"CuteDSL {template.name} ({format_params(params)})",
+        )
+        self.template = template
+        self.params = params
+        self.source = source
+        self.specs = specs
+        self.extra_args = extra_args
+        self.mutated_inputs = mutated_inputs
+        self.make_kernel_render = KernelRender(template, input_nodes, params)
+        self.failure: Exception | None = None
+        self._wrapper: Any = None
+
+    # -- autotuning ----------------------------------------------------------------
+
+    def load(self) -> Any:
+        if self._wrapper is None:
+            from ..runtime.loader import load_kernel
+
+            self._wrapper = load_kernel(
+                self.name, self.source, self.specs,
+                template=self.template.name, params=self.params,
+            )
+        return self._wrapper
+
+    def precompile(self) -> None:
+        try:
+            self.load()
+        except Exception as err:
+            self._drop(err)
+
+    def benchmark(self, *args: Any, out: torch.Tensor) -> float:
+        if self.failure is not None:
+            return float("inf")
+        from torch._inductor.runtime.benchmarking import benchmarker
+
+        try:
+            wrapper = self.load()
+            call_args = (*args, out, *self.extra_args)
+            stream = torch.cuda.current_stream(out.device).cuda_stream
+            wrapper.run(*call_args, stream=stream)  # surfaces launch errors here
+            return benchmarker.benchmark_gpu(lambda: wrapper.run(*call_args, stream=stream))
+        except Exception as err:
+            self._drop(err)
+            return float("inf")
+
+    def _drop(self, err: Exception) -> None:
+        self.failure = err
+        log.warning(
+            "dropping CuteDSL choice %s (template %r, parameters [%s]): %s",
+            self.name, self.template.name, format_params(self.params), err,
+        )
+
+    # -- ChoiceCaller interface ----------------------------------------------------
+
+    def output_node(self) -> ir.TensorBox:
+        return ir.TensorBox.create(
+            CuteDSLTemplateBuffer(
+                layout=self.layout,
+                inputs=self.input_nodes,
+                make_kernel_render=self.make_kernel_render,
+                template=self.template,
+                params=self.params,
+                mutated_inputs=self.mutated_inputs,
+            )
+        )
+
+    def call_name(self) -> str:
+        return self.name
+
+    def to_callable(self) -> Any:
+        return self.load().run
+
+    def hash_key(self) -> str:
+        digest = hashlib.sha256(f"{self.source}\n{specs_key(self.specs)}".encode())
+        return f"{self.template.name}-{digest.hexdigest()}"
+
+    def info_dict(self) -> dict[str, Any]:
+        return {
+            "backend": "CuteDSL",
+            "template": self.template.name,
+            "kernel_name": self.name,
+            **{k: str(v) for k, v in self.params.items()},
+        }
+
+    def autoheuristic_id(self) -> str:
+        return f"cutedsl_{self.template.name}_" + "_".join(
+            f"{k}={v}" for k, v in self.params.items()
+        )
+
+    def __str__(self) -> str:
+        return f"CuteDSLTemplateCaller({self.name})"

@@ -1,0 +1,70 @@
+"""``gen_defines``: template parameters as typed ``cutlass.Constexpr`` definitions.
+
+Each parameter renders as ``NAME: cutlass.Constexpr = <literal>``. Accepted values:
+int, float, bool, str and torch.dtype (rendered as the matching cutlass type, e.g.
+``cutlass.BFloat16``). Anything else is a ``TypeError`` naming the parameter, so a
+typo never turns into generated code that fails later in the CuTe compiler.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+_TORCH_TO_CUTLASS = {
+    torch.float32: "Float32",
+    torch.float16: "Float16",
+    torch.bfloat16: "BFloat16",
+    torch.float64: "Float64",
+    torch.float8_e4m3fn: "Float8E4M3FN",
+    torch.float8_e5m2: "Float8E5M2",
+    torch.int8: "Int8",
+    torch.uint8: "Uint8",
+    torch.int16: "Int16",
+    torch.int32: "Int32",
+    torch.int64: "Int64",
+    torch.bool: "Boolean",
+}
+
+
+def cutlass_dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"cutlass.BFloat16"``."""
+    try:
+        return f"cutlass.{_TORCH_TO_CUTLASS[dtype]}"
+    except KeyError:
+        raise TypeError(f"no CuTe DSL type for {dtype}") from None
+
+
+def cutlass_dtype(dtype: torch.dtype) -> Any:
+    import cutlass
+
+    return getattr(cutlass, cutlass_dtype_name(dtype).removeprefix("cutlass."))
+
+
+def define_literal(name: str, value: Any) -> str:
+    """The Python literal for one parameter value (see module docstring)."""
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"float({str(value)!r})"
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return cutlass_dtype_name(value)
+    raise TypeError(
+        f"template parameter {name}={value!r} has type {type(value).__name__}; "
+        "gen_defines accepts int, float, bool, str and torch.dtype"
+    )
+
+
+def gen_defines(params: dict[str, Any]) -> str:
+    return "".join(
+        f"{name}: cutlass.Constexpr = {define_literal(name, value)}\n"
+        for name, value in params.items()
+    )

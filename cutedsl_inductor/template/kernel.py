@@ -1,0 +1,196 @@
+"""CuteDSLTemplateKernel: renders one template choice into a CuTe DSL Python module.
+
+The Jinja2 template sees these hooks (names as in upstream PyTorch):
+  ``{{kernel_name}}``           the kernel's unique name (prefix your functions with it)
+  ``{{def_kernel("a", "b")}}``  the entry point ``def <kernel_name>_<suffix>(a, b, <out>,
+                                <extra args>, stream):`` -- ``suffix`` is
+                                ``config.entry_suffix`` ("main" by default). Put
+                                ``@cute.jit`` on the line above to make the entry itself
+                                a CuTe function: it is then compiled once, with TVM-FFI,
+                                and launched straight from torch tensors (fast path).
+                                Without it the entry is plain Python called with torch
+                                tensors and the stream (upstream style).
+  ``{{input_nodes}}``, ``{{output_node}}``  the IR nodes
+  ``{{gen_defines()}}``         the choice's parameters as ``NAME: cutlass.Constexpr = v``
+  ``{{get_output()}}``          the entry's name for the output tensor
+  ``{{size("a", 0)}}``, ``{{stride("a", 1)}}``  sizes/strides as Python expressions
+                                (an int, or Inductor's symbol for dynamic shapes)
+
+Invariants: rendering is pure (no global counters); the same template, parameters and
+input layouts give the same text. ``def_kernel`` is a placeholder filled in by
+``finalize`` once every argument is known, so hooks may be used in any order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from torch._inductor import ir
+from torch._inductor.codegen.common import Kernel
+from torch._inductor.virtualized import V
+
+from .. import config
+from .defines import gen_defines
+
+DEF_KERNEL_PLACEHOLDER = "<DEF_KERNEL>"
+KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
+
+IMPORTS = """\
+import math
+import operator
+
+import torch
+import cutlass
+import cutlass.cute as cute
+import cuda.bindings.driver as cuda
+from cutlass.cute.runtime import from_dlpack
+
+"""
+
+
+def name_kernel(template_name: str, rendered: str) -> tuple[str, str]:
+    """(kernel name, final source) for source rendered with the name placeholder: the
+    name carries the hash of the rendered text, so it is the same in every process."""
+    digest = hashlib.sha256(rendered.encode()).hexdigest()[:12]
+    name = f"cutedsl_{template_name}_{digest}"
+    return name, rendered.replace(KERNEL_NAME_PLACEHOLDER, name)
+
+
+def entry_name(kernel_name: str) -> str:
+    return f"{kernel_name}_{config.entry_suffix}"
+
+
+def _unwrap(node: Any) -> Any:
+    while isinstance(node, ir.MutableBox):
+        node = node.data
+    return node
+
+
+def call_reference(node: Any) -> str:
+    """How the output code names ``node``: its buffer, or a reinterpret_tensor view."""
+    inner = _unwrap(node)
+    if isinstance(inner, ir.BaseView):
+        return ir.ExternKernel.convert_to_reinterpret_view(inner).codegen_reference()
+    return node.get_name()
+
+
+class CuteDSLTemplateKernel(Kernel):
+    def __init__(
+        self,
+        kernel_name: str,
+        input_nodes: list[Any],
+        output_node: Any,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.kernel_name = kernel_name
+        self.input_nodes = list(input_nodes)
+        self.output_node = output_node
+        self.params = dict(params or {})
+        # (parameter name in the entry signature, IR node), in call order
+        self.template_inputs: list[tuple[str, Any]] = []
+        self._renames: list[str] = []
+        self._hooks: dict[str, Any] = {}
+
+    # -- hooks ---------------------------------------------------------------------
+
+    def def_kernel(self, *arg_names: str) -> str:
+        if DEF_KERNEL_PLACEHOLDER in self._hooks:
+            raise ValueError("def_kernel() may be used once per template")
+        if len(arg_names) > len(self.input_nodes):
+            raise ValueError(
+                f"def_kernel names {len(arg_names)} inputs but the choice has "
+                f"{len(self.input_nodes)} input nodes"
+            )
+        for index, node in enumerate(self.input_nodes):
+            name = arg_names[index] if index < len(arg_names) else f"input_{index}"
+            self.template_inputs.append((f"arg_{name}", node))
+            self._renames.append(f"{name} = arg_{name}")
+        if self.output_node is not None:
+            self.args.output(self.output_node.get_name())
+        self._hooks[DEF_KERNEL_PLACEHOLDER] = self._render_signature
+        return DEF_KERNEL_PLACEHOLDER
+
+    def gen_defines(self) -> str:
+        return gen_defines(self.params)
+
+    def get_output(self) -> str:
+        if self.output_node is None:
+            raise ValueError("this template choice has no output node")
+        name = self.output_node.get_name()
+        if name not in self.args.output_buffers:
+            raise ValueError("get_output() must come after def_kernel()")
+        return self.args.output_buffers[name]
+
+    def size(self, arg: str, dim: int) -> str:
+        """A size as a Python expression; symbolic sizes become entry parameters."""
+        return self.kexpr(self.rename_indexing(self._node_named(arg).get_size()[dim]))
+
+    def stride(self, arg: str, dim: int) -> str:
+        return self.kexpr(self.rename_indexing(self._node_named(arg).get_stride()[dim]))
+
+    def kexpr(self, expr: Any) -> str:
+        from torch._inductor.codegen.common import PythonPrinter
+
+        return PythonPrinter().doprint(expr)
+
+    # -- rendering -----------------------------------------------------------------
+
+    def render(self, template: Any, **extra_env: Any) -> str:
+        """Render ``template`` (a jinja2.Template) and fill every placeholder."""
+        text = template.render(
+            kernel_name=self.kernel_name,
+            input_nodes=self.input_nodes,
+            output_node=self.output_node,
+            def_kernel=self.def_kernel,
+            gen_defines=self.gen_defines,
+            get_output=self.get_output,
+            size=self.size,
+            stride=self.stride,
+            **self.params,
+            **extra_env,
+        )
+        for placeholder, hook in self._hooks.items():
+            text = text.replace(placeholder, hook())
+        return IMPORTS + text
+
+    def entry_params(self) -> list[str]:
+        """The entry's parameters after the template inputs: output, extras, sizes."""
+        params = [name for name, _ in self.template_inputs]
+        params += list(self.args.input_buffers.values())
+        params += list(self.args.output_buffers.values())
+        params += list(self.args.sizevars.values())
+        return params
+
+    def _render_signature(self) -> str:
+        params = ", ".join([*self.entry_params(), "stream"])
+        lines = [f"def {entry_name(self.kernel_name)}({params}):"]
+        lines += [f"    {rename}" for rename in self._renames]
+        return "\n".join(lines)
+
+    def _node_named(self, arg: str) -> Any:
+        for param, node in self.template_inputs:
+            if param == f"arg_{arg}":
+                return node
+        if self.output_node is not None and arg in ("out", self.get_output()):
+            return self.output_node
+        raise KeyError(f"no template argument named {arg!r}")
+
+    # -- the call in the output code -----------------------------------------------
+
+    def call_args(self) -> tuple[list[str], list[Any]]:
+        """(references in the output code, IR node or size expression) per argument."""
+        refs = [call_reference(node) for _, node in self.template_inputs]
+        nodes: list[Any] = [node for _, node in self.template_inputs]
+        for buf in self.args.input_buffers:
+            refs.append(buf)
+            nodes.append(V.graph.get_buffer(buf))
+        for buf in self.args.output_buffers:
+            refs.append(buf)
+            nodes.append(self.output_node if buf == self.output_node.get_name()
+                         else V.graph.get_buffer(buf))
+        for expr in self.args.sizevars:
+            refs.append(self.kexpr(expr))
+            nodes.append(expr)
+        return refs, nodes

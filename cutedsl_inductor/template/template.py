@@ -1,0 +1,131 @@
+"""CuteDSLTemplate: a Jinja2 template of CuTe DSL code whose parameter sets become
+autotuning choices for Inductor (``autotune_select_algorithm``).
+
+``generate(input_nodes=, layout=, **params)`` renders the template into a complete
+module, names the kernel after the hash of what it rendered (``cutedsl_<template>_<hash>``:
+the same in every process, no counters) and returns a ``CuteDSLTemplateCaller``. The
+caller compiles in ``precompile`` (Inductor runs it in a thread pool), benchmarks in
+``benchmark`` and becomes a ``CuteDSLTemplateBuffer`` when chosen; the scheduling pass
+renders it again for the final graph, which yields the same source, so the final kernel
+reuses the binary compiled while autotuning.
+
+Registry: template names are global; registering a name again with the same source
+returns quietly, with another source raises ``TemplateRegistryError``.
+
+Failure semantics: ``maybe_append_choice`` returns None or the error. Rendering errors
+(bad Jinja, bad parameter types, invalid Python) are logged at warning level with the
+template, the parameters and the generated file, and returned. A choice that fails to
+compile or run while autotuning is logged the same way and benchmarks as ``inf``, so
+Inductor picks another choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import jinja2
+from torch._inductor import ir
+from torch._inductor.virtualized import V
+
+from ..compile.specs import specs_for_nodes
+from ..exc import (
+    CuteDSLInductorError,
+    GeneratedCodeError,
+    TemplateRegistryError,
+    TemplateRenderError,
+    format_params,
+)
+from .caller import CuteDSLTemplateCaller
+from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
+
+log = logging.getLogger(__name__)
+
+class CuteDSLTemplate:
+    all_templates: ClassVar[dict[str, "CuteDSLTemplate"]] = {}
+
+    def __init__(self, name: str, source: str, *, symbolic_shapes: bool = False) -> None:
+        """``symbolic_shapes=True`` compiles every size and stride as a runtime value
+        (one binary for all shapes of a divisibility class); by default only the sizes
+        Inductor keeps dynamic are runtime values."""
+        existing = self.all_templates.get(name)
+        if existing is not None and existing.source != source:
+            raise TemplateRegistryError(name=name)
+        self.name = name
+        self.source = source
+        self.symbolic_shapes = symbolic_shapes
+        try:
+            self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(source)
+        except jinja2.TemplateSyntaxError as err:
+            raise TemplateRenderError(
+                template=name, params="(not rendered)",
+                cause=f"Jinja syntax error at line {err.lineno}: {err.message}",
+            ) from err
+        self.all_templates[name] = self
+
+    def maybe_append_choice(self, choices: list[Any], **kwargs: Any) -> Exception | None:
+        try:
+            choices.append(self.generate(**kwargs))
+            return None
+        except (CuteDSLInductorError, NotImplementedError) as err:
+            log.warning("dropping CuteDSL choice: %s", err)
+            return err
+
+    def render(self, kernel: CuteDSLTemplateKernel) -> str:
+        try:
+            return kernel.render(self.template)
+        except Exception as err:
+            raise TemplateRenderError(
+                template=self.name, params=format_params(kernel.params),
+                cause=f"{type(err).__name__}: {err}",
+            ) from err
+
+    def generate(
+        self,
+        input_nodes: list[Any],
+        layout: ir.Layout,
+        mutated_inputs: list[Any] | None = None,
+        **params: Any,
+    ) -> "CuteDSLTemplateCaller":
+        input_nodes = [_fixed(node) for node in input_nodes]
+        fake_output = ir.Buffer(name="buf_out", layout=layout)
+        kernel = CuteDSLTemplateKernel(
+            KERNEL_NAME_PLACEHOLDER, input_nodes, fake_output, params
+        )
+        kernel_name, source = name_kernel(self.name, self.render(kernel))
+        _check_python(self.name, params, source)
+        refs, nodes = kernel.call_args()
+        specs = specs_for_nodes(nodes, self.symbolic_shapes)
+        extra_args = [V.graph.sizevars.size_hint(n) for n in nodes if not hasattr(n, "get_size")]
+        return CuteDSLTemplateCaller(
+            name=kernel_name,
+            input_nodes=input_nodes,
+            layout=layout,
+            template=self,
+            params=params,
+            source=source,
+            specs=specs,
+            extra_args=extra_args,
+            mutated_inputs=mutated_inputs,
+        )
+
+
+def _fixed(node: Any) -> Any:
+    """Template inputs need final strides: freeze a flexible layout."""
+    if isinstance(node.get_layout(), ir.FlexibleLayout):
+        node.freeze_layout()
+    return node
+
+
+def _check_python(template: str, params: dict[str, Any], source: str) -> None:
+    try:
+        compile(source, f"<cutedsl template {template}>", "exec")
+    except SyntaxError as err:
+        from ..runtime.loader import write_source
+
+        _, path = write_source(source)
+        raise GeneratedCodeError(
+            template=template, params=format_params(params),
+            cause=f"{err.msg} at line {err.lineno}", path=path,
+        ) from err
+

@@ -1,0 +1,1 @@
+"""Built-in templates: ``elementwise`` (the add example and demo) and ``gemm`` (Hopper)."""

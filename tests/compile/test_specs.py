@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from cutedsl_inductor.compile.specs import (
+    ScalarSpec, Sym, TensorSpec, fake_arguments, mismatch, specs_key, tensor_spec,
+)
+from tests.helpers import make_input
+
+
+def test_static_spec_keeps_sizes_and_strides(graph):
+    node = make_input(graph, "arg0_1", (64, 96), torch.bfloat16)
+    spec = tensor_spec(node, symbolic=False, index=0)
+    assert spec == TensorSpec("bfloat16", (64, 96), (96, 1), 16)
+
+
+def test_symbolic_spec_keeps_divisibility_and_unit_stride(graph):
+    node = make_input(graph, "arg0_1", (1000, 96), torch.float16)
+    spec = tensor_spec(node, symbolic=True, index=3)
+    assert spec.shape == (Sym("a3_size0", 8), Sym("a3_size1", 16))
+    assert spec.stride == (Sym("a3_stride0", 16), 1)
+
+
+def test_offset_view_and_unaligned_inputs_lose_alignment(graph):
+    view = make_input(graph, "arg0_1", (8, 8), torch.float32, stride=(8, 1), offset=1)
+    assert tensor_spec(view, symbolic=False, index=0).align == 4
+    plain = make_input(graph, "arg1_1", (8, 8), torch.float32)
+    graph.unaligned_buffers.add("arg1_1")
+    assert tensor_spec(plain, symbolic=False, index=1).align == 4
+
+
+def test_key_distinguishes_what_changes_the_binary():
+    base = TensorSpec("float32", (Sym("m", 16), 64), (64, 1), 16)
+    variants = [
+        TensorSpec("float16", (Sym("m", 16), 64), (64, 1), 16),
+        TensorSpec("float32", (Sym("m", 8), 64), (64, 1), 16),
+        TensorSpec("float32", (Sym("m", 16), 32), (32, 1), 16),
+        TensorSpec("float32", (Sym("m", 16), 64), (64, 1), 4),
+    ]
+    keys = {specs_key([base])} | {specs_key([v]) for v in variants}
+    assert len(keys) == 5
+    assert specs_key([base, ScalarSpec()]) != specs_key([base])
+
+
+def test_fake_arguments_share_symbols_by_name():
+    import cutlass
+
+    shared = Sym("m", 16)
+    a, b, n = fake_arguments([
+        TensorSpec("float32", (shared, 64), (64, 1), 16),
+        TensorSpec("float32", (shared, 64), (64, 1), 16),
+        ScalarSpec(),
+    ])
+    assert a.shape[0] is b.shape[0]
+    assert a.element_type == cutlass.Float32
+    assert isinstance(n, cutlass.Int64)
+
+
+def test_mismatch_reports_the_first_problem():
+    spec = TensorSpec("float32", (4, 4), (4, 1), 4)
+    assert "2 arguments for 1" in mismatch([spec], (1, 2))
+    cpu = torch.zeros(4, 4)
+    assert "expected a CUDA tensor" in mismatch([spec], (cpu,))
+    assert "dtype torch.float16" in mismatch([spec], (cpu.half(),))
+    assert "expected an int" in mismatch([ScalarSpec()], (cpu,))

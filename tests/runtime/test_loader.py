@@ -1,0 +1,73 @@
+"""Loading generated modules: both entry styles, with real GPU-less compiles."""
+
+import logging
+
+import pytest
+
+from cutedsl_inductor import CuteDSLKernelWrapper, CuteDSLTemplate
+from cutedsl_inductor.compile.compiler import JitOnce
+from cutedsl_inductor.exc import GeneratedCodeError, KernelCompileError
+from cutedsl_inductor.runtime.loader import load_kernel
+from cutedsl_inductor.runtime.wrapper import TVMFFIKernelWrapper
+from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE, add_template
+from tests.helpers import make_input, make_layout
+
+BROKEN_SOURCE = r'''
+{{gen_defines()}}
+
+@cute.jit
+{{def_kernel("a", "b")}}
+    x = a.no_such_attribute
+'''
+
+
+def inputs(graph, shape=(64, 128)):
+    return [make_input(graph, "arg0_1", shape), make_input(graph, "arg1_1", shape)]
+
+
+def test_jit_entry_compiles_to_a_tvm_ffi_launcher(graph):
+    choice = add_template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
+                                   THREADS=256, VECTOR=4)
+    wrapper = choice.load()
+    assert isinstance(wrapper, TVMFFIKernelWrapper)
+    assert type(wrapper.kernel_fn).__name__.startswith("TVMFFI")
+    assert wrapper.kernel_path.endswith(".py")
+
+
+def test_upstream_style_template_loads_unchanged(graph):
+    template = CuteDSLTemplate("upstream_add", UPSTREAM_ADD_SOURCE)
+    choice = template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
+                               THREADS_PER_BLOCK=128)
+    wrapper = choice.load()
+    assert type(wrapper) is CuteDSLKernelWrapper
+    module = wrapper.kernel_fn.__globals__
+    assert isinstance(module[f"{choice.name}_jit"], JitOnce)
+    assert "cuda.CUstream(stream)" in open(wrapper.kernel_path).read()
+
+
+def test_missing_entry_point_is_a_clear_error():
+    with pytest.raises(GeneratedCodeError, match="no entry point 'k1_main'"):
+        load_kernel("k1", "def helper():\n    pass\n", [], template="t", params={"A": 1})
+
+
+def test_compile_error_names_template_params_and_file(graph, caplog):
+    template = CuteDSLTemplate("broken_kernel", BROKEN_SOURCE)
+    choice = template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
+                               TILE=64)
+    with pytest.raises(KernelCompileError) as info:
+        load_kernel(choice.name, choice.source, choice.specs, template="broken_kernel",
+                    params={"TILE": 64})
+    message = str(info.value)
+    assert "'broken_kernel'" in message and "TILE=64" in message and ".py" in message
+    assert "sm_90a" in message
+
+
+def test_failing_choice_is_dropped_not_raised(graph, caplog):
+    template = CuteDSLTemplate("broken_choice", BROKEN_SOURCE)
+    choice = template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
+                               TILE=32)
+    with caplog.at_level(logging.WARNING, logger="cutedsl_inductor"):
+        choice.precompile()
+    assert isinstance(choice.failure, KernelCompileError)
+    assert "dropping CuteDSL choice" in caplog.text and "TILE=32" in caplog.text
+    assert choice.benchmark(out=None) == float("inf")

@@ -1,0 +1,72 @@
+import jinja2
+import pytest
+import torch
+
+from cutedsl_inductor import config
+from cutedsl_inductor.template.kernel import CuteDSLTemplateKernel, name_kernel
+from tests.helpers import make_input, make_layout
+from torch._inductor import ir
+
+HOOKS_SOURCE = """
+# name={{kernel_name}} inputs={{input_nodes|length}} out={{output_node.get_name()}}
+{{gen_defines()}}
+{{def_kernel("x", "y")}}
+    return {{get_output()}}, {{size("x", 0)}}, {{stride("x", 0)}}, {{size("y", 1)}}
+"""
+
+
+def render(graph, source, params=None, arg_shape=(32, 64)):
+    a = make_input(graph, "arg0_1", arg_shape)
+    b = make_input(graph, "arg1_1", arg_shape)
+    out = ir.Buffer(name="buf0", layout=make_layout(arg_shape))
+    kernel = CuteDSLTemplateKernel("k0", [a, b], out, params or {"BLOCK": 128})
+    return kernel, kernel.render(jinja2.Template(source))
+
+
+def test_every_hook_renders(graph):
+    kernel, text = render(graph, HOOKS_SOURCE)
+    assert "# name=k0 inputs=2 out=buf0" in text
+    assert "BLOCK: cutlass.Constexpr = 128" in text
+    assert "def k0_main(arg_x, arg_y, out_ptr0, stream):\n    x = arg_x\n    y = arg_y\n" in text
+    assert "return out_ptr0, 32, 64, 64" in text
+    assert text.startswith("import math")
+    assert "import cutlass.cute as cute" in text
+    assert "from cutlass.cute.runtime import from_dlpack" in text
+    compile(text, "rendered", "exec")
+
+
+def test_entry_suffix_is_configurable(graph):
+    with config.patch(entry_suffix="entry"):
+        _, text = render(graph, HOOKS_SOURCE)
+    assert "def k0_entry(arg_x, arg_y, out_ptr0, stream):" in text
+
+
+def test_params_are_visible_to_jinja(graph):
+    _, text = render(graph, "{{def_kernel('x', 'y')}}\n    return {{BLOCK * 2}}\n")
+    assert "return 256" in text
+
+
+def test_def_kernel_twice_is_an_error(graph):
+    with pytest.raises(ValueError, match="once"):
+        render(graph, "{{def_kernel('x', 'y')}}\n{{def_kernel('x', 'y')}}\n")
+
+
+def test_get_output_before_def_kernel_is_an_error(graph):
+    with pytest.raises(ValueError, match="after def_kernel"):
+        render(graph, "{{get_output()}}\n{{def_kernel('x', 'y')}}\n")
+
+
+def test_call_args_follow_the_signature(graph):
+    kernel, _ = render(graph, HOOKS_SOURCE)
+    refs, nodes = kernel.call_args()
+    assert refs == ["arg0_1", "arg1_1", "buf0"]
+    assert [n.get_name() for n in nodes] == ["arg0_1", "arg1_1", "buf0"]
+
+
+def test_kernel_name_comes_from_the_rendered_text():
+    first = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): pass")
+    again = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): pass")
+    other = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): return 1")
+    assert first == again
+    assert first[0].startswith("cutedsl_add_") and first[0] != other[0]
+    assert first[1] == f"def {first[0]}_main(): pass"

@@ -1,0 +1,97 @@
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cutedsl_inductor import CuteDSLTemplate
+from cutedsl_inductor.exc import GeneratedCodeError, TemplateRegistryError, TemplateRenderError
+from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+from tests.helpers import make_input, make_layout
+
+
+def add_inputs(graph, shape=(64, 128)):
+    return [make_input(graph, "arg0_1", shape), make_input(graph, "arg1_1", shape)]
+
+
+def test_same_name_same_source_is_fine_other_source_is_an_error():
+    first = CuteDSLTemplate("registry_probe", "{{def_kernel()}}\n    pass\n")
+    again = CuteDSLTemplate("registry_probe", "{{def_kernel()}}\n    pass\n")
+    assert again.source == first.source
+    with pytest.raises(TemplateRegistryError, match="'registry_probe' is already registered"):
+        CuteDSLTemplate("registry_probe", "{{def_kernel()}}\n    return 1\n")
+
+
+def test_bad_jinja_is_a_clear_error():
+    with pytest.raises(TemplateRenderError, match="'bad_jinja'.*line 2"):
+        CuteDSLTemplate("bad_jinja", "ok\n{% if %}\n")
+
+
+def test_render_error_is_returned_and_logged(graph, caplog):
+    template = CuteDSLTemplate("undefined_var", "{{def_kernel('a', 'b')}}\n    x = {{NOPE}}\n")
+    choices = []
+    with caplog.at_level(logging.WARNING, logger="cutedsl_inductor"):
+        err = template.maybe_append_choice(
+            choices, input_nodes=add_inputs(graph), layout=make_layout((64, 128)), THREADS=64
+        )
+    assert isinstance(err, TemplateRenderError) and choices == []
+    assert "'undefined_var'" in str(err) and "THREADS=64" in str(err) and "NOPE" in str(err)
+    assert "undefined_var" in caplog.text and "THREADS=64" in caplog.text
+
+
+def test_invalid_python_names_the_generated_file(graph, caplog):
+    template = CuteDSLTemplate("bad_python", "{{def_kernel('a', 'b')}}\n    return (\n")
+    choices = []
+    with caplog.at_level(logging.WARNING, logger="cutedsl_inductor"):
+        err = template.maybe_append_choice(
+            choices, input_nodes=add_inputs(graph), layout=make_layout((64, 128)), STAGES=3
+        )
+    assert isinstance(err, GeneratedCodeError)
+    path = err.fields["path"]
+    assert "STAGES=3" in str(err) and path in str(err) and path in caplog.text
+    assert "return (" in Path(path).read_text()
+
+
+def test_choice_describes_itself(graph):
+    template = CuteDSLTemplate("describe_add", ADD_SOURCE)
+    choices = []
+    assert template.maybe_append_choice(
+        choices, input_nodes=add_inputs(graph), layout=make_layout((64, 128)),
+        THREADS=128, VECTOR=4,
+    ) is None
+    (choice,) = choices
+    assert choice.name.startswith("cutedsl_describe_add_")
+    assert "THREADS=128" in choice.description
+    assert choice.info_dict()["backend"] == "CuteDSL"
+    assert choice.output_node().data.data.template is template
+
+
+HASH_SCRIPT = textwrap.dedent("""
+    import torch, torch.fx
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+    from cutedsl_inductor import CuteDSLTemplate
+    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+    from tests.helpers import make_input, make_layout
+    template = CuteDSLTemplate("hash_probe", ADD_SOURCE)
+    g = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
+    with V.set_graph_handler(g):
+        inputs = [make_input(g, "arg0_1", (64, 128)), make_input(g, "arg1_1", (64, 128))]
+        for threads in (128, 256):
+            choice = template.generate(input_nodes=inputs, layout=make_layout((64, 128)),
+                                       THREADS=threads, VECTOR=4)
+            print(choice.hash_key())
+""")
+
+
+def test_hash_key_is_the_same_in_every_process():
+    root = Path(__file__).resolve().parents[2]
+    runs = [
+        subprocess.run([sys.executable, "-c", HASH_SCRIPT], cwd=root, capture_output=True,
+                       text=True, check=True).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    assert len(set(runs[0])) == 2
