@@ -28,7 +28,7 @@ def kernel_cache_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
     monkeypatch.setattr(compiler, "_COMPILED", {})
-    monkeypatch.setattr(compiler, "stats", {"compiled": 0, "disk_hits": 0, "memory_hits": 0})
+    monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     return tmp_path / "kernels"
 

@@ -156,7 +156,7 @@ class KernelDiskCache:
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "versions": toolchain_versions(),
                 "created": time.time(),
-                **{k: describe.get(k) for k in ("kernel", "template", "arch", "path")},
+                **{k: describe.get(k) for k in ("kernel", "template", "arch", "path", "signature")},
                 "params": {k: repr(v) for k, v in describe.get("params", {}).items()},
             }
             _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())

@@ -2,7 +2,8 @@
 Inductor: ``CuteDSLCombinedScheduling`` extends Inductor's CUDA combined scheduling,
 routes our template nodes to ``CuteDSLScheduling`` and leaves every other node to
 Inductor. ``install()`` registers it for "cuda" (idempotent; done on import of the
-package), replacing only the scheduling of the registered ``DeviceCodegen``.
+package), replacing only the scheduling of the registered ``DeviceCodegen``, and adds
+our versions to Inductor's FX graph cache key (``cache_key``).
 
 The output code gets one definition per kernel::
 
@@ -22,7 +23,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.scheduler import BaseScheduling, SchedulerNode
 from torch._inductor.utils import get_kernel_metadata
@@ -97,19 +97,23 @@ class CuteDSLScheduling(BaseScheduling):
             "from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec"
         )
         _, path = write_source(source)
-        body = IndentedBuffer()
-        body.writeline(f"load_kernel({kernel_name!r}, r'''")
-        body.splice(source, strip=True)
-        body.writeline("''',")
-        with body.indent():
-            body.writeline(f"specs={specs!r},")
-            body.writeline(f"template={buffer.template.name!r},")
-            body.writeline(f"params={buffer.params!r},")
-        body.writeline(")")
+        body = kernel_definition(kernel_name, source, specs, buffer.template.name, buffer.params)
         origins, detailed = get_kernel_metadata(node_schedule, wrapper)
         metadata = f"# kernel path: {path}\n{origins}\n{detailed}"
-        wrapper.define_kernel(kernel_name, body.getvalue(), metadata)
+        wrapper.define_kernel(kernel_name, body, metadata)
         return kernel_name
+
+
+def kernel_definition(
+    kernel_name: str, source: str, specs: list[ArgSpec], template: str, params: dict[str, Any]
+) -> str:
+    """The expression that defines the kernel in the output code. The source is embedded
+    byte for byte (its compile key must equal the one the autotuner compiled); sources
+    that a raw ''' string cannot hold were rejected when the choice was made."""
+    return (
+        f"load_kernel(\n    {kernel_name!r},\n    r'''{source}''',\n"
+        f"    specs={specs!r},\n    template={template!r},\n    params={params!r},\n)"
+    )
 
 
 class CuteDSLCombinedScheduling(CUDACombinedScheduling):
@@ -145,10 +149,14 @@ def _subnodes(node: Any) -> list[Any]:
 
 
 def install() -> None:
-    """Register ``CuteDSLCombinedScheduling`` for CUDA devices (idempotent)."""
+    """Register ``CuteDSLCombinedScheduling`` for CUDA devices and our part of the FX
+    graph cache key (idempotent)."""
     from torch._inductor.codegen import common
 
+    from .cache_key import install_cache_key
+
     common.init_backend_registration()
+    install_cache_key()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(

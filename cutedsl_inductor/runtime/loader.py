@@ -46,7 +46,7 @@ def load_kernel(
     key, path = write_source(source)
     kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
     describe = {"kernel": kernel_name, "template": template, "params": params or {},
-                "path": path}
+                "path": path, "signature": ", ".join(spec.describe() for spec in specs)}
     module = PyCodeCache.load_by_key_path(key, path)
     name = entry_name(kernel_name)
     entry = getattr(module, name, None)

@@ -153,7 +153,8 @@ class CuteDSLTemplateKernel(Kernel):
         )
         for placeholder, hook in self._hooks.items():
             text = text.replace(placeholder, hook())
-        return IMPORTS + text
+        # no trailing blanks: the output code re-indents, which would alter such lines
+        return "".join(line.rstrip() + "\n" for line in (IMPORTS + text).splitlines())
 
     def entry_params(self) -> list[str]:
         """The entry's parameters after the template inputs: output, extras, sizes."""

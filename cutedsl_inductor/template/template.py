@@ -118,14 +118,18 @@ def _fixed(node: Any) -> Any:
 
 
 def _check_python(template: str, params: dict[str, Any], source: str) -> None:
+    """Valid Python, and embeddable in the output code as a raw ''' string."""
     try:
         compile(source, f"<cutedsl template {template}>", "exec")
+        if "'''" in source or source.endswith("\\"):
+            raise SyntaxError("the source contains ''' or ends with a backslash")
     except SyntaxError as err:
         from ..runtime.loader import write_source
 
         _, path = write_source(source)
+        where = f" at line {err.lineno}" if err.lineno else ""
         raise GeneratedCodeError(
-            template=template, params=format_params(params),
-            cause=f"{err.msg} at line {err.lineno}", path=path,
+            template=template, params=format_params(params), cause=f"{err.msg}{where}",
+            path=path,
         ) from err
 

@@ -91,7 +91,7 @@ def {{kernel_name}}_jit(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, strea
     return {{get_output()}}
 '''
 
-add_template = CuteDSLTemplate("elementwise_add", ADD_SOURCE, symbolic_shapes=True)
+add_template = CuteDSLTemplate("elementwise_add", ADD_SOURCE)
 
 DEFAULT_ADD_CONFIGS = ({"THREADS": 128, "VECTOR": 4}, {"THREADS": 256, "VECTOR": 4},
                        {"THREADS": 512, "VECTOR": 8})
@@ -101,10 +101,10 @@ def add_choices(choices: list[Any], a: Any, b: Any, layout: Any,
                 configs: tuple[dict[str, int], ...] = DEFAULT_ADD_CONFIGS) -> None:
     """Append the add template's choices; none unless a, b and the output are contiguous
     tensors of one shape and dtype."""
-    nodes = (a, b, layout)
-    if not all(n.is_contiguous() for n in (a, b)) or not layout.is_contiguous():
+    layouts = (a.get_layout(), b.get_layout(), layout)
+    if not all(lay.is_contiguous() for lay in layouts):
         return
-    if len({str(n.get_dtype() if hasattr(n, "get_dtype") else n.dtype) for n in nodes}) != 1:
+    if len({lay.dtype for lay in layouts}) != 1 or len({tuple(lay.size) for lay in layouts}) != 1:
         return
     for params in configs:
         add_template.maybe_append_choice(choices, input_nodes=[a, b], layout=layout, **params)
@@ -145,3 +145,12 @@ def register_add_op() -> None:
 
     if torch.ops.cutedsl.add.default not in lowerings:
         register_lowering(torch.ops.cutedsl.add.default)(lower_add)
+
+
+def precompile_choices(scratch: Any) -> list[Any]:
+    """The default choices for 2-D contiguous inputs of each supported dtype."""
+    choices: list[Any] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        a, b = scratch.input((1024, 1024), dtype), scratch.input((1024, 1024), dtype)
+        add_choices(choices, a, b, a.get_layout())
+    return choices

@@ -38,7 +38,7 @@ def test_miss_compiles_and_stores_then_a_new_process_loads(graph, kernel_cache_d
     assert manifest["template"] == "elementwise_add" and manifest["arch"] == "sm_90a"
     assert manifest["params"] == {"THREADS": "128", "VECTOR": "4"}
     fresh_process_load(graph)
-    assert compiler.stats == {"compiled": 1, "disk_hits": 1, "memory_hits": 0}
+    assert (compiler.stats["compiled"], compiler.stats["disk_hits"]) == (1, 1)
 
 
 def test_same_process_reuses_the_compiled_function(graph):

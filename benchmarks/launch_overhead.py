@@ -1,0 +1,185 @@
+"""Launch overhead and compile/warm-start times on a GPU (issues: core, compile-once).
+
+    python benchmarks/launch_overhead.py [--out DIR]
+
+Prints, measured in one run:
+  * host µs per call, steady state, 2048x2048 float32 add: ``CuteDSLKernelWrapper.run``,
+    a compiled graph running our CuteDSL kernel, the same graph through plain Inductor
+    (Triton), eager torch, and (where importable) upstream's in-tree CuteDSL template;
+  * cold time to first result of the three-choice autotuned example (fresh caches, new
+    process), then the warm time (caches filled by that process, new process) with its
+    number of CuTe compilations and disk-cache load time per kernel.
+Host µs = wall time of N back-to-back calls without synchronising, over N; "sync µs"
+adds one synchronize at the end (so it includes GPU time when the GPU is the bottleneck).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def per_call_us(fn, calls: int) -> tuple[float, float]:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    return host / calls * 1e6, wall / calls * 1e6
+
+
+def lowering_patch(template, **params):
+    from torch._inductor.lowering import lowerings
+
+    def lower(a, b):
+        choices = []
+        err = template.maybe_append_choice(choices, input_nodes=[a, b],
+                                           layout=a.get_layout(), **params)
+        if err is not None:
+            raise err
+        return choices[0].output_node()
+
+    return patch.dict(lowerings, {torch.ops.aten.add.Tensor: lower})
+
+
+def steady_state_rows() -> list[tuple[str, float, float]]:
+    import cutedsl_inductor  # noqa: F401  (registers the scheduling)
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
+    out = torch.empty_like(x)
+    rows = []
+    with scratch_graph() as scratch:
+        a, b = scratch.input((2048, 2048), torch.float32), scratch.input((2048, 2048), torch.float32)
+        wrapper = add_template.generate(input_nodes=[a, b], layout=a.get_layout(),
+                                        THREADS=256, VECTOR=4).load()
+    rows.append(("CuteDSLKernelWrapper.run", *per_call_us(lambda: wrapper.run(x, y, out), 2000)))
+
+    def add(p, q):
+        return p + q
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), lowering_patch(
+        add_template, THREADS=256, VECTOR=4
+    ):
+        ours = torch.compile(add)
+        ours(x, y)
+    rows.append(("compiled graph, CuteDSL kernel", *per_call_us(lambda: ours(x, y), 2000)))
+    torch._dynamo.reset()
+    triton_fn = torch.compile(add)
+    triton_fn(x, y)
+    rows.append(("compiled graph, Inductor Triton", *per_call_us(lambda: triton_fn(x, y), 2000)))
+    rows.append(("eager torch add", *per_call_us(lambda: add(x, y), 2000)))
+    rows += upstream_rows(x, y)
+    return rows
+
+
+def upstream_rows(x, y) -> list[tuple[str, float, float]]:
+    """Upstream's in-tree CuteDSL (torch 2.11+), for comparison only."""
+    try:
+        from torch._inductor.codegen.cutedsl.cutedsl_template import CuteDSLTemplate as Upstream
+    except Exception as err:
+        print(f"(upstream CuteDSL not importable: {err})")
+        return []
+    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
+
+    saved = dict(torch._inductor.codegen.common.device_codegens)
+    from torch._inductor.codegen.common import device_codegens
+    from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+    import dataclasses
+
+    device_codegens["cuda"] = dataclasses.replace(device_codegens["cuda"],
+                                                  scheduling=CUDACombinedScheduling)
+    try:
+        template = Upstream(name="bench_upstream_add", source=UPSTREAM_ADD_SOURCE)
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False), lowering_patch(
+            template, THREADS_PER_BLOCK=256
+        ):
+            fn = torch.compile(lambda p, q: p + q)
+            fn(x, y)
+        return [("compiled graph, upstream in-tree CuteDSL", *per_call_us(lambda: fn(x, y), 50))]
+    finally:
+        device_codegens.update(saved)
+
+
+STARTUP_SCRIPT = textwrap.dedent("""
+    import json, time
+    start = time.perf_counter()
+    import torch
+    import cutedsl_inductor
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import register_add_op
+    register_add_op()
+    x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch._inductor.config.patch(max_autotune=True):
+        out = torch.compile(torch.ops.cutedsl.add)(x, y)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    assert torch.equal(out, x + y)
+    print(json.dumps({"first_result_s": t1 - t0, "process_s": t1 - start, **compiler.stats}))
+""")
+
+
+def startup_rows() -> dict[str, dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+               "CUTEDSL_INDUCTOR_CACHE_DIR": f"{tmp}/kernels", "PYTHONPATH":
+               f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+        results = {}
+        for phase in ("cold", "warm"):
+            run = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], env=env,
+                                 capture_output=True, text=True)
+            if run.returncode:
+                print(run.stderr[-4000:])
+                raise SystemExit(f"{phase} run failed")
+            results[phase] = json.loads(run.stdout.strip().splitlines()[-1])
+        return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    rows = steady_state_rows()
+    startup = startup_rows()
+    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} {'sync us/call':>12s}")
+    for name, host, wall in rows:
+        print(f"{name:44s} {host:12.1f} {wall:12.1f}")
+    triton = next(r for r in rows if "Triton" in r[0])
+    ours = next(r for r in rows if "CuteDSL kernel" in r[0])
+    print(f"{'ratio in-graph CuteDSL / Triton (host)':44s} {ours[1] / triton[1]:12.2f}")
+    print("\nthree-choice autotuned example (max-autotune), new process each:")
+    for phase, r in startup.items():
+        load = r["disk_load_s"] / max(r["disk_hits"], 1) * 1e3
+        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process {r['process_s']:.2f} s),"
+              f" CuTe compilations {r['compiled']}, disk loads {r['disk_hits']}"
+              f" ({load:.1f} ms each)")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "launch_overhead.json").write_text(
+            json.dumps({"rows": rows, "startup": startup}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

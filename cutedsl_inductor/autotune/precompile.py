@@ -1,0 +1,68 @@
+"""Precompile: fill the kernel cache with template choices, on any machine, GPU or not.
+
+Each built-in template module offers ``precompile_choices(scratch)``: the choices that
+torch.compile would generate for representative inputs (symbolic shapes, so one binary
+serves every size of a divisibility class). Their binaries, compiled for ``arch``, are
+exported to the disk cache; a GPU machine that shares (or receives a copy of) the
+cache directory then loads them without compiling. Keys include arch and toolchain
+versions, so the two machines must run the same nvidia-cutlass-dsl / apache-tvm-ffi /
+cutedsl_inductor versions.
+
+Failure semantics: a choice that fails to compile is counted and reported, and the
+rest go on; the summary says what failed and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from typing import Any
+
+from .. import config
+from ..compile import compiler
+from .scratch import scratch_graph
+
+BUILTIN_TEMPLATE_MODULES = ("cutedsl_inductor.templates.elementwise",)
+
+
+@dataclasses.dataclass
+class PrecompileSummary:
+    compiled: int = 0
+    cached: int = 0
+    failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [
+            f"precompiled {self.compiled} kernel(s), {self.cached} already cached, "
+            f"{len(self.failed)} failed, in {self.seconds:.1f} s"
+        ]
+        lines += [f"  FAILED {name}: {reason}" for name, reason in self.failed]
+        return "\n".join(lines)
+
+
+def precompile(arch: str, modules: tuple[str, ...] = BUILTIN_TEMPLATE_MODULES,
+               progress: bool = True) -> PrecompileSummary:
+    from tqdm import tqdm
+
+    summary = PrecompileSummary()
+    start = time.perf_counter()
+    with config.patch(arch=arch, disk_cache=True), scratch_graph() as scratch:
+        choices: list[Any] = []
+        for name in modules:
+            choices += importlib.import_module(name).precompile_choices(scratch)
+        for choice in tqdm(choices, desc=f"precompile {arch}", unit="kernel",
+                           disable=not progress):
+            before = dict(compiler.stats)
+            try:
+                choice.load()
+            except Exception as err:
+                summary.failed.append((choice.name, f"{type(err).__name__}: {err}"))
+                continue
+            if compiler.stats["compiled"] > before["compiled"]:
+                summary.compiled += 1
+            else:
+                summary.cached += 1
+    summary.seconds = time.perf_counter() - start
+    return summary

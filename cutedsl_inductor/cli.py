@@ -1,0 +1,63 @@
+"""Command line: ``python -m cutedsl_inductor <command>``.
+
+  demo                         the main job (see ``cutedsl_inductor.demo``)
+  cache info | cache clear     what the kernel cache holds / empty it
+  precompile [--arch sm_90a]   compile the built-in templates' default choices into the
+                               cache, GPU or not
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from .compile.disk_cache import default_cache
+
+    cache = default_cache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.root}")
+        return 0
+    entries = cache.entries()
+    size = sum(p.stat().st_size for p in cache.root.glob("*/*") if p.is_file())
+    print(f"cache dir: {cache.root}\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
+    for entry in entries:
+        if entry.get("corrupt"):
+            print(f"  {entry['key'][:16]}  CORRUPT manifest")
+            continue
+        print(f"  {entry['key'][:16]}  {entry.get('arch')}  {entry.get('template')}  "
+              f"{entry.get('params')}")
+    return 0
+
+
+def _precompile(args: argparse.Namespace) -> int:
+    from .autotune.precompile import precompile
+
+    summary = precompile(args.arch)
+    print(summary)
+    return 1 if summary.failed else 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import main
+
+    return main()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
+    cache = commands.add_parser("cache", help="inspect or clear the kernel cache")
+    cache.add_argument("action", choices=["info", "clear"])
+    cache.set_defaults(run=_cache)
+    pre = commands.add_parser("precompile", help="fill the kernel cache, GPU or not")
+    pre.add_argument("--arch", default="sm_90a")
+    pre.set_defaults(run=_precompile)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""torch.compile end to end on an sm_90 GPU (marker ``gpu``; skipped elsewhere)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compile_and_run(fn, *args):
+    from torch._inductor.utils import run_and_get_code
+
+    with torch._inductor.config.patch(fx_graph_cache=False, max_autotune=False):
+        result, codes = run_and_get_code(torch.compile(fn), *args)
+    return result, "\n".join(codes)
+
+
+def one_choice_lowering(template, **params):
+    from torch._inductor.lowering import lowerings
+
+    def lower(a, b):
+        choices = []
+        template.maybe_append_choice(choices, input_nodes=[a, b], layout=a.get_layout(),
+                                     **params)
+        return choices[0].output_node()
+
+    return patch.dict(lowerings, {torch.ops.aten.add.Tensor: lower})
+
+
+def test_one_choice_end_to_end():
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    x, y = (torch.randn(257, 129, device="cuda") for _ in range(2))
+    with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
+        result, code = compile_and_run(lambda a, b: a + b, x, y)
+    torch.testing.assert_close(result, x + y, rtol=0, atol=0)
+    assert "load_kernel('cutedsl_elementwise_add_" in code and "@cute.kernel" in code
+    assert compiler.stats["compiled"] == 1
+
+
+def test_upstream_template_runs_unchanged_and_compiles_once():
+    from cutedsl_inductor import CuteDSLTemplate
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
+
+    template = CuteDSLTemplate("upstream_add_e2e", UPSTREAM_ADD_SOURCE)
+    x, y = (torch.randn(128, 4, device="cuda") for _ in range(2))
+    with one_choice_lowering(template, THREADS_PER_BLOCK=256):
+        compiled = torch.compile(lambda a, b: a + b)
+        for _ in range(3):
+            result = compiled(x, y)
+    torch.testing.assert_close(result, x + y, rtol=0, atol=0)
+    assert compiler.stats["compiled"] == 1
+
+
+def test_autotune_among_three_choices():
+    from cutedsl_inductor.templates.elementwise import register_add_op
+
+    register_add_op()
+    x, y = (torch.randn(1024, 1000, device="cuda") for _ in range(2))
+    result, code = compile_and_run(torch.ops.cutedsl.add, x, y)
+    torch.testing.assert_close(result, x + y, rtol=0, atol=0)
+    assert "cutedsl_elementwise_add_" in code or "cutedsl_aten_add" in code
+
+
+def test_env_stream_is_used():
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    x, y = (torch.randn(4096, 512, device="cuda") for _ in range(2))
+    with one_choice_lowering(add_template, THREADS=256, VECTOR=4):
+        compiled = torch.compile(lambda a, b: a + b)
+        compiled(x, y)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(10_000_000)
+            result = compiled(x, y)
+        side.synchronize()
+    torch.testing.assert_close(result, x + y, rtol=0, atol=0)
+
+
+def test_wrong_argument_is_a_clear_error():
+    import torch.fx
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    from cutedsl_inductor.exc import KernelArgumentError
+    from cutedsl_inductor.templates.elementwise import add_template
+    from tests.helpers import make_input, make_layout
+
+    graph = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
+    with V.set_graph_handler(graph):
+        inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+        wrapper = add_template.generate(input_nodes=inputs, layout=make_layout((64, 128)),
+                                        THREADS=128, VECTOR=4).load()
+    a, b, out = (torch.randn(64, 128, device="cuda") for _ in range(3))
+    wrapper.run(a, b, out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+    with pytest.raises(KernelArgumentError, match="elementwise_add") as info:
+        wrapper.run(a.half(), b, out)
+    assert "float16" in str(info.value)
+
+
+WARM_SCRIPT = textwrap.dedent("""
+    import torch
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import register_add_op
+    register_add_op()
+    torch.manual_seed(0)
+    x, y = (torch.randn(1024, 1000, device="cuda") for _ in range(2))
+    with torch._inductor.config.patch(max_autotune=False):
+        out = torch.compile(torch.ops.cutedsl.add)(x, y)
+    assert torch.equal(out, x + y)
+    print("compiled", compiler.stats["compiled"])
+""")
+
+
+def test_warm_process_compiles_nothing(tmp_path):
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "CUTEDSL_INDUCTOR_CACHE_DIR": str(tmp_path / "kernels")}
+    runs = [subprocess.run([sys.executable, "-c", WARM_SCRIPT], cwd=ROOT, env=env,
+                           capture_output=True, text=True) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert runs[0].stdout.split()[-1] != "0"
+    assert runs[1].stdout.split()[-1] == "0"
