@@ -64,14 +64,20 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
     from cutedsl_inductor.autotune.scratch import scratch_graph
     from cutedsl_inductor.templates.elementwise import add_template
 
+    from cutedsl_inductor import CuteDSLTemplate
+    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+
+    symbolic_add = CuteDSLTemplate("bench_add_symbolic", ADD_SOURCE, symbolic_shapes=True)
     x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
     out = torch.empty_like(x)
     rows = []
-    with scratch_graph() as scratch:
-        a, b = scratch.input((2048, 2048), torch.float32), scratch.input((2048, 2048), torch.float32)
-        wrapper = add_template.generate(input_nodes=[a, b], layout=a.get_layout(),
+    for label, template in (("static", add_template), ("symbolic", symbolic_add)):
+        with scratch_graph() as scratch:
+            a, b = (scratch.input((2048, 2048), torch.float32) for _ in range(2))
+            wrapper = template.generate(input_nodes=[a, b], layout=a.get_layout(),
                                         THREADS=256, VECTOR=4).load()
-    rows.append(("CuteDSLKernelWrapper.run", *per_call_us(lambda: wrapper.run(x, y, out), 2000)))
+        rows.append((f"CuteDSLKernelWrapper.run, {label} specs",
+                     *per_call_us(lambda: wrapper.run(x, y, out), 2000)))
 
     def add(p, q):
         return p + q
@@ -125,6 +131,9 @@ STARTUP_SCRIPT = textwrap.dedent("""
     import json, time
     start = time.perf_counter()
     import torch
+    t = time.perf_counter()
+    import cutlass
+    import_cutlass_s = time.perf_counter() - t
     import cutedsl_inductor
     from cutedsl_inductor.compile import compiler
     from cutedsl_inductor.templates.elementwise import register_add_op
@@ -137,7 +146,24 @@ STARTUP_SCRIPT = textwrap.dedent("""
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     assert torch.equal(out, x + y)
-    print(json.dumps({"first_result_s": t1 - t0, "process_s": t1 - start, **compiler.stats}))
+    print(json.dumps({"first_result_s": t1 - t0, "process_s": t1 - start,
+                      "import_cutlass_s": import_cutlass_s, **compiler.stats}))
+""")
+
+LOAD_SCRIPT = textwrap.dedent("""
+    import json, time
+    import torch, cutlass
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import precompile_choices
+    with scratch_graph() as scratch:
+        choices = precompile_choices(scratch)
+    times = []
+    for choice in choices:
+        t = time.perf_counter()
+        choice.load()
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"load_ms": [x * 1e3 for x in times], **compiler.stats}))
 """)
 
 
@@ -147,8 +173,9 @@ def startup_rows() -> dict[str, dict]:
                "CUTEDSL_INDUCTOR_CACHE_DIR": f"{tmp}/kernels", "PYTHONPATH":
                f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
         results = {}
-        for phase in ("cold", "warm"):
-            run = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], env=env,
+        for phase, script in (("cold", STARTUP_SCRIPT), ("warm", STARTUP_SCRIPT),
+                              ("fill", LOAD_SCRIPT), ("load", LOAD_SCRIPT)):
+            run = subprocess.run([sys.executable, "-c", script], env=env,
                                  capture_output=True, text=True)
             if run.returncode:
                 print(run.stderr[-4000:])
@@ -170,11 +197,16 @@ def main() -> None:
     ours = next(r for r in rows if "CuteDSL kernel" in r[0])
     print(f"{'ratio in-graph CuteDSL / Triton (host)':44s} {ours[1] / triton[1]:12.2f}")
     print("\nthree-choice autotuned example (max-autotune), new process each:")
-    for phase, r in startup.items():
-        load = r["disk_load_s"] / max(r["disk_hits"], 1) * 1e3
-        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process {r['process_s']:.2f} s),"
-              f" CuTe compilations {r['compiled']}, disk loads {r['disk_hits']}"
-              f" ({load:.1f} ms each)")
+    for phase in ("cold", "warm"):
+        r = startup[phase]
+        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process {r['process_s']:.2f} s,"
+              f" of which import cutlass {r['import_cutlass_s']:.2f} s), CuTe compilations "
+              f"{r['compiled']}, kernels loaded from disk {r['disk_hits']}")
+    load = startup["load"]
+    rest = sorted(load["load_ms"][1:])
+    print(f"loading {len(load['load_ms'])} cached kernels in a new process: compilations "
+          f"{load['compiled']}, first {load['load_ms'][0]:.1f} ms (one-time runtime libraries),"
+          f" then median {rest[len(rest) // 2]:.2f} ms, max {rest[-1]:.2f} ms per kernel")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "launch_overhead.json").write_text(

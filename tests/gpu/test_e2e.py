@@ -140,3 +140,15 @@ def test_warm_process_compiles_nothing(tmp_path):
         assert run.returncode == 0, run.stderr[-3000:]
     assert runs[0].stdout.split()[-1] != "0"
     assert runs[1].stdout.split()[-1] == "0"
+
+
+def test_dynamic_shapes_share_one_binary():
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
+        compiled = torch.compile(lambda a, b: a + b, dynamic=True)
+        for rows in (64, 96, 1000, 4096):
+            x, y = (torch.randn(rows, 256, device="cuda") for _ in range(2))
+            torch.testing.assert_close(compiled(x, y), x + y, rtol=0, atol=0)
+    assert compiler.stats["compiled"] == 1
