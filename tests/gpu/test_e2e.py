@@ -152,3 +152,32 @@ def test_dynamic_shapes_share_one_binary():
             x, y = (torch.randn(rows, 256, device="cuda") for _ in range(2))
             torch.testing.assert_close(compiled(x, y), x + y, rtol=0, atol=0)
     assert compiler.stats["compiled"] == 1
+
+
+LOGS_SCRIPT = textwrap.dedent("""
+    import torch
+    from unittest.mock import patch
+    from torch._inductor.lowering import lowerings
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    def lower(a, b):
+        choices = []
+        add_template.maybe_append_choice(choices, input_nodes=[a, b], layout=a.get_layout(),
+                                         THREADS=128, VECTOR=4)
+        return choices[0].output_node()
+
+    x = torch.randn(64, 64, device="cuda")
+    with patch.dict(lowerings, {torch.ops.aten.add.Tensor: lower}):
+        torch.compile(lambda a, b: a + b)(x, x)
+""")
+
+
+def test_torch_logs_show_source_and_path(tmp_path):
+    env = {**os.environ, "TORCH_LOGS": "output_code,kernel_code",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    run = subprocess.run([sys.executable, "-c", LOGS_SCRIPT], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    logs = run.stdout + run.stderr
+    assert "load_kernel(" in logs and "@cute.kernel" in logs
+    assert "# kernel path: " in logs and "CuteDSL kernel cutedsl_elementwise_add_" in logs
