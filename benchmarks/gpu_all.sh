@@ -19,7 +19,7 @@ if [ -d .device/precompiled ]; then
   step precompiled env CUTEDSL_INDUCTOR_CACHE_DIR=.device/precompiled \
     python3 benchmarks/check_precompiled.py
 fi
-step pytest python3 -m pytest -m gpu -q tests -p no:cacheprovider
+step pytest python3 -m pytest -m gpu -q tests -p no:cacheprovider --continue-on-collection-errors
 step demo python3 -m cutedsl_inductor demo
 step launch python3 benchmarks/launch_overhead.py --out "$OUT"
 for extra in "$@"; do step "$(basename "$extra" .py)" python3 "$extra" --out "$OUT"; done
