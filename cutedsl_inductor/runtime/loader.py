@@ -27,7 +27,8 @@ from ..template.kernel import entry_name
 from .wrapper import CuteDSLKernelWrapper, TVMFFIKernelWrapper
 
 log = logging.getLogger(__name__)
-kernel_code_log = torch._logging.getArtifactLogger(__name__, "kernel_code")
+# under "torch." so that TORCH_LOGS="kernel_code" reaches it (its handlers live there)
+kernel_code_log = torch._logging.getArtifactLogger("torch._inductor.cutedsl_inductor", "kernel_code")
 
 
 def write_source(source: str) -> tuple[str, str]:

@@ -14,10 +14,10 @@ ATen's add. Both need contiguous inputs of one dtype and shape.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
+from torch._inductor.select_algorithm import ExternKernelChoice
 
 from ..template.template import CuteDSLTemplate
 
@@ -92,6 +92,9 @@ def {{kernel_name}}_jit(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, strea
 '''
 
 add_template = CuteDSLTemplate("elementwise_add", ADD_SOURCE)
+# ATen's add as the fallback choice; made at import so that cached output code that
+# calls it finds it registered
+aten_add = ExternKernelChoice(torch.add, name="cutedsl_aten_add", has_out_variant=True)
 
 DEFAULT_ADD_CONFIGS = ({"THREADS": 128, "VECTOR": 4}, {"THREADS": 256, "VECTOR": 4},
                        {"THREADS": 512, "VECTOR": 8})
@@ -127,16 +130,9 @@ def lower_add(a: Any, b: Any) -> Any:
 
     a, b = (ir.ExternKernel.require_contiguous(n) for n in (a, b))
     layout = ir.FixedLayout(a.get_device(), a.get_dtype(), a.get_size())
-    choices: list[Any] = [_aten_add().bind([a, b], layout)]
+    choices: list[Any] = [aten_add.bind([a, b], layout)]
     add_choices(choices, a, b, layout)
     return autotune_select_algorithm("cutedsl_add", choices, [a, b], layout)
-
-
-@functools.cache
-def _aten_add() -> Any:
-    from torch._inductor.select_algorithm import ExternKernelChoice
-
-    return ExternKernelChoice(torch.add, name="cutedsl_aten_add", has_out_variant=True)
 
 
 def register_add_op() -> None:

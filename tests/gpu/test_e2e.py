@@ -50,7 +50,8 @@ def test_one_choice_end_to_end():
     with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
         result, code = compile_and_run(lambda a, b: a + b, x, y)
     torch.testing.assert_close(result, x + y, rtol=0, atol=0)
-    assert "load_kernel('cutedsl_elementwise_add_" in code and "@cute.kernel" in code
+    assert "load_kernel(\n    'cutedsl_elementwise_add_" in code and "@cute.kernel" in code
+    assert "# kernel path: " in code
     assert compiler.stats["compiled"] == 1
 
 
