@@ -149,14 +149,16 @@ def _subnodes(node: Any) -> list[Any]:
 
 
 def install() -> None:
-    """Register ``CuteDSLCombinedScheduling`` for CUDA devices and our part of the FX
-    graph cache key (idempotent)."""
+    """Register ``CuteDSLCombinedScheduling`` for CUDA devices, our part of the FX graph
+    cache key and our GEMM choices (idempotent)."""
     from torch._inductor.codegen import common
 
     from .cache_key import install_cache_key
+    from .choices import install_choices
 
     common.init_backend_registration()
     install_cache_key()
+    install_choices()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(

@@ -96,7 +96,7 @@ class CuteDSLTemplate:
         _check_python(self.name, params, source)
         refs, nodes = kernel.call_args()
         specs = specs_for_nodes(nodes, self.symbolic_shapes)
-        extra_args = [V.graph.sizevars.size_hint(n) for n in nodes if not hasattr(n, "get_size")]
+        extra_args = [V.graph.sizevars.optimization_hint(n) for n in nodes if not hasattr(n, "get_size")]
         return CuteDSLTemplateCaller(
             name=kernel_name,
             input_nodes=input_nodes,

@@ -1,0 +1,78 @@
+"""CuteDSLChoices: offers our built-in GEMM as choices for aten.mm, aten.addmm and
+aten.bmm under max-autotune, next to ATen and Triton.
+
+Inductor's GEMM lowerings build their choice lists through
+``V.choices.get_template_configs(kernel_inputs, templates, op_name)`` on every supported
+torch; ``install_choices`` makes ``CuteDSLChoices`` Inductor's choices class
+(``config.inductor_choices_class``), which appends our choices to that list when
+``"CUTEDSL"`` is in ``max_autotune_gemm_backends`` and max-autotune is on.
+
+A lowering may call ``get_template_configs`` several times (addmm: once for ATen with
+the original bias, once for the other templates with the bias expanded to the output
+shape); we offer our choices once per lowering, on the first call whose operands have
+their final form (every input as many dims as the output).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from torch._inductor import config as inductor_config
+from torch._inductor.choices import InductorChoices
+from torch._inductor.virtualized import V
+
+log = logging.getLogger(__name__)
+
+# graph -> (op name, input node ids) already offered in it
+_OFFERED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.WeakKeyDictionary()
+
+
+def cutedsl_gemm_enabled() -> bool:
+    backends = [b.strip() for b in inductor_config.max_autotune_gemm_backends.upper().split(",")]
+    return "CUTEDSL" in backends and bool(
+        inductor_config.max_autotune or inductor_config.max_autotune_gemm
+    )
+
+
+def _first_offer(op_name: str, nodes: list[Any]) -> bool:
+    offered = _OFFERED.setdefault(V.graph, set())
+    key = (op_name, *(id(node) for node in nodes))
+    if key in offered:
+        return False
+    offered.add(key)
+    return True
+
+
+class CuteDSLChoices(InductorChoices):
+    def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
+                             *args: Any, **kwargs: Any) -> list[Any]:
+        choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
+        from ..templates.gemm.template import GEMM_OPS, gemm_choices
+
+        if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
+            return choices
+        nodes = kernel_inputs.nodes()
+        layout = kernel_inputs.output_layout(flexible=False)
+        if any(len(node.get_size()) != len(layout.size) for node in nodes):
+            return choices
+        if not _first_offer(op_name, nodes):
+            return choices
+        scalars = {"alpha": 1.0, "beta": 0.0}
+        if op_name == "addmm":
+            scalars = {name: kernel_inputs.get_scalar(name) for name in scalars}
+        gemm_choices(choices, op_name, nodes, layout, **scalars)
+        return choices
+
+
+def install_choices() -> None:
+    current = inductor_config.inductor_choices_class
+    if current is None:
+        inductor_config.inductor_choices_class = CuteDSLChoices
+    elif not (isinstance(current, type) and issubclass(current, CuteDSLChoices)):
+        log.warning(
+            "config.inductor_choices_class is already set (%r): CuteDSL GEMM choices are "
+            "not offered unless that class derives from cutedsl_inductor's CuteDSLChoices",
+            current,
+        )

@@ -1,0 +1,1 @@
+"""Hopper (sm_90a) GEMM template: see ``sm90_gemm``."""

@@ -1,0 +1,861 @@
+"""Persistent, warp-specialized Hopper (sm_90a) GEMM written in CuTe DSL.
+
+What it computes
+----------------
+For every batch index ``l``::
+
+    C[:, :, l] = cast( alpha * (A[:, :, l] @ B[:, :, l]^T) + beta * Bias[:, :, l] )
+
+with the accumulation in fp32 and the epilogue math in fp32.
+
+Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
+
+* ``A`` has shape ``(M, K, L)``.  Either K-major (stride ``(lda, 1, batch)``,
+  i.e. a row-major ``M x K`` torch matrix) or M-major (stride ``(1, lda,
+  batch)``, i.e. the ``(M, K)`` view of a row-major ``K x M`` matrix).
+* ``B`` has shape ``(N, K, L)``.  Either K-major (stride ``(ldb, 1, batch)``,
+  i.e. torch ``b.t()`` for a column-major / transposed ``K x N`` weight, or an
+  ``nn.Linear`` weight as stored) or N-major (stride ``(1, ldb, batch)``: the
+  ``(N, K)`` view ``b.mT`` of an ordinary row-major ``K x N`` torch matrix).
+  So torch ``a @ b`` (``b`` of shape ``(K, N)``) is ``A = a``, ``B = b.mT``.
+* ``C`` has shape ``(M, N, L)``, row-major: stride ``(ldc, 1, batch)``.
+* ``Bias`` (optional, ``None`` = no bias) is any ``(M, N, L)`` view with
+  arbitrary strides; a stride of 0 expresses broadcasting.  The addmm vector
+  bias of shape ``(N,)`` is the view with strides ``(0, 1, 0)``.  It is read
+  with predicated scalar loads, so it needs no alignment.
+
+Design
+------
+* One CTA = 1 producer warpgroup (warp 0 issues TMA loads, the other three
+  warps idle with a minimal register budget) + 1 or 2 consumer warpgroups
+  issuing WGMMA (``cooperative=True``: two warpgroups share one
+  ``tile_m x tile_n`` tile, split along M; ``cooperative=False``: one
+  warpgroup owns the whole tile).  Ping-pong scheduling is not implemented.
+* Operands travel gmem -> smem by TMA (``cp.async.bulk.tensor``) into a
+  ``stages``-deep ring guarded by a PipelineTmaAsync (full/empty mbarriers).
+  With a cluster, A is multicast across the ``cluster_n`` CTAs that share
+  an M tile and B across the ``cluster_m`` CTAs that share an N tile.
+* Persistent static scheduler: ``grid = (cluster_m, cluster_n,
+  min(#clusters of tiles, max_active_clusters))``; each cluster walks the
+  linearised (M-tiles, N-tiles, L) space with stride = #launched clusters.
+  ``raster="m"`` walks M fastest inside bands of ``group_size`` M-clusters
+  (L2 reuse of B); ``raster="n"`` walks N fastest inside bands of
+  ``group_size`` N-clusters (L2 reuse of A).
+* Epilogue: fp32 accumulator -> :meth:`Sm90Gemm.epilogue_op` (alpha, bias,
+  beta; the fusion hook) -> cast -> swizzled smem sub-tiles (stmatrix) ->
+  TMA store (``store="tma"``, default), or predicated per-element stores
+  from registers (``store="direct"``).  The TMA loads zero-fill the M/N/K
+  tails exactly.  The TMA store clips rows (M) exactly but the contiguous N
+  tail only to 16-byte granularity (measured on H200: with N=257 bf16 it
+  rewrote columns 257..263 of each row); hence ``store="tma"`` requires
+  ``N * sizeof(C) % 16 == 0`` (declared in the compiled signature, so other
+  N are rejected at call time) and ``store="direct"`` serves any N.
+
+Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
+---------------------------------------------------------------------
+* A, B: both bf16 or both fp16.  C: bf16, fp16 or fp32.  Accumulator fp32.
+* Every non-unit stride of A, B and C (leading dimension and batch stride)
+  is a multiple of 16 bytes (8 elements for 16-bit, 4 for fp32) and the base
+  pointers are 16-byte aligned: TMA's rules (for L == 1 the batch stride is
+  unused but must still satisfy the declared divisibility; pass e.g. M*lda).
+  Sizes M, K, L are free (tails handled); N too with ``store="direct"``;
+  M, N, K >= 1.  ``make_fake_gemm_args`` declares exactly these contracts
+  with ``cute.sym_int32/sym_int64(divisibility=...)``.
+
+Failure semantics: invalid constructor parameters raise ``ValueError``
+immediately; unsupported dtypes/layouts found while tracing ``__call__``
+raise ``ValueError`` before any MLIR is emitted.  Call
+:meth:`Sm90Gemm.can_implement` (or :meth:`Sm90Gemm.why_not`) up front to
+avoid both.
+
+Fusing more pointwise work
+--------------------------
+Subclass and override :meth:`Sm90Gemm.epilogue_op`.  It receives one
+thread's fp32 accumulator fragment (a register tensor, modified in place),
+a same-shaped tensor of global ``(m, n)`` coordinates, the batch index, the
+problem bounds and the ``epi_args`` pass-through value given to
+``__call__`` (e.g. a tuple of extra tensors).  Everything before the cast
+to the output dtype happens there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+__all__ = [
+    "Sm90Gemm",
+    "DEFAULT_CONFIGS",
+    "pick_configs",
+    "config_name",
+    "make_fake_gemm_args",
+    "compile_sm90_gemm",
+    "SM90_SMEM_CAPACITY",
+]
+
+# Usable dynamic shared memory per CTA on sm_90 (227 KiB).
+SM90_SMEM_CAPACITY = 227 * 1024
+# Reserved for mbarriers + alignment padding of the smem carve-out.
+_SMEM_RESERVED = 1024 + 256
+_THREADS_PER_WG = 128
+_DEFAULT_NUM_SMS = 132  # H100 SXM / H200
+
+_DTYPE_ALIASES = {
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16", "BFloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+    "Float16": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+    "Float32": "fp32",
+}
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_CUTLASS_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+
+
+def _dtype_key(dt: Any) -> Optional[str]:
+    """Normalise a torch dtype / cutlass Numeric type / string to 'bf16'|'fp16'|'fp32'."""
+    if dt is None:
+        return None
+    if isinstance(dt, str):
+        return _DTYPE_ALIASES.get(dt)
+    name = getattr(dt, "__name__", None)
+    if name in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[name]
+    return _DTYPE_ALIASES.get(str(dt))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+class Sm90Gemm:
+    """Persistent warp-specialized TMA + WGMMA GEMM for sm_90a.
+
+    Constructor parameters are compile-time constants:
+
+    :param tile_m: CTA tile M.  64 or 128 with ``cooperative=False``; 128 or
+        256 with ``cooperative=True``.
+    :param tile_n: CTA tile N: 64, 128, 192 or 256.
+    :param tile_k: CTA tile K (one pipeline stage): 32, 64 or 128.
+    :param cluster_m: CTAs per cluster along M (1 or 2); B is multicast.
+    :param cluster_n: CTAs per cluster along N (1 or 2); A is multicast.
+    :param stages: smem ring depth; 0 = as many as fit (at most 8).
+    :param raster: "m" or "n": the fast direction of the persistent walk.
+    :param group_size: band width (in clusters) of the swizzled raster.
+    :param cooperative: two consumer warpgroups per tile (True) or one.
+    :param acc_dtype: accumulator type; only ``cutlass.Float32``.
+    :param max_active_clusters: persistent grid cap; default
+        ``num_sms // (cluster_m * cluster_n)``.
+    :param num_sms: SM count used for the default above (132 for H100/H200).
+    :param store: epilogue store path.  "tma" (default, fast): smem + TMA
+        store; needs ``N * sizeof(C)`` to be a multiple of 16 bytes, because
+        the TMA store clips the N tail only to 16-byte granularity (it would
+        overwrite up to 15 bytes past column N).  The compiled function
+        enforces it (N is declared divisible by 16/sizeof(C)).  "direct":
+        predicated per-element stores from registers, any N, slower epilogue.
+
+    The per-thread accumulator is limited to 128 fp32 registers:
+    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups)``.
+    """
+
+    def __init__(
+        self,
+        tile_m: int = 128,
+        tile_n: int = 128,
+        tile_k: int = 64,
+        cluster_m: int = 1,
+        cluster_n: int = 1,
+        stages: int = 0,
+        raster: str = "m",
+        group_size: int = 8,
+        cooperative: bool = True,
+        acc_dtype: Any = cutlass.Float32,
+        max_active_clusters: Optional[int] = None,
+        num_sms: int = _DEFAULT_NUM_SMS,
+        store: str = "tma",
+    ):
+        err = self.config_error(
+            tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
+            cluster_n=cluster_n, stages=stages, raster=raster,
+            group_size=group_size, cooperative=cooperative, acc_dtype=acc_dtype,
+            store=store,
+        )
+        if err is not None:
+            raise ValueError(f"Sm90Gemm: {err}")
+        self.tile_m, self.tile_n, self.tile_k = int(tile_m), int(tile_n), int(tile_k)
+        self.cluster_m, self.cluster_n = int(cluster_m), int(cluster_n)
+        self.cluster_size = self.cluster_m * self.cluster_n
+        self.requested_stages = int(stages)
+        self.raster = raster
+        self.group_size = int(group_size)
+        self.cooperative = bool(cooperative)
+        self.store = store
+        self.acc_dtype = cutlass.Float32
+        if max_active_clusters is None:
+            max_active_clusters = max(1, int(num_sms) // self.cluster_size)
+        if int(max_active_clusters) < 1:
+            raise ValueError("Sm90Gemm: max_active_clusters must be >= 1")
+        self.max_active_clusters = int(max_active_clusters)
+
+        self.num_consumer_wgs = 2 if self.cooperative else 1
+        self.num_consumer_threads = self.num_consumer_wgs * _THREADS_PER_WG
+        self.num_threads = _THREADS_PER_WG + self.num_consumer_threads
+        # Consumer warpgroups are stacked along M.
+        self.mma_atom_layout = (self.num_consumer_wgs, 1, 1)
+        # Epilogue sub-tile: rows covered by one M-repetition of the tiled MMA
+        # (64 per consumer warpgroup) x 32 columns.
+        self.epi_tile = (64 * self.num_consumer_wgs, 32)
+        self.producer_regs = 40
+        self.consumer_regs = 232
+        self.store_warp = 4  # first consumer warp issues the TMA stores
+
+    # ------------------------------------------------------------------ checks
+    @staticmethod
+    def config_error(
+        tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
+        cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
+        cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
+        **_unused: Any,
+    ) -> Optional[str]:
+        """Return why a kernel configuration is invalid, or None if it is valid."""
+        if store not in ("tma", "direct"):
+            return f"store={store!r} must be 'tma' or 'direct'"
+        if _dtype_key(acc_dtype) != "fp32":
+            return f"acc_dtype must be Float32, got {acc_dtype}"
+        wgs = 2 if cooperative else 1
+        allowed_m = (128, 256) if cooperative else (64, 128)
+        if tile_m not in allowed_m:
+            return f"tile_m={tile_m} not in {allowed_m} (cooperative={cooperative})"
+        if tile_n not in (64, 128, 192, 256):
+            return f"tile_n={tile_n} not in (64, 128, 192, 256)"
+        if tile_k not in (32, 64, 128):
+            return f"tile_k={tile_k} not in (32, 64, 128)"
+        if tile_m * tile_n > 128 * 128 * wgs:
+            return (f"tile {tile_m}x{tile_n} needs more than 128 accumulator "
+                    f"registers per thread with {wgs} consumer warpgroup(s)")
+        if cluster_m not in (1, 2) or cluster_n not in (1, 2):
+            return f"cluster ({cluster_m},{cluster_n}) must have entries in (1, 2)"
+        if raster not in ("m", "n"):
+            return f"raster={raster!r} must be 'm' or 'n'"
+        if int(group_size) < 1:
+            return f"group_size={group_size} must be >= 1"
+        if stages != 0 and stages < 2:
+            return f"stages={stages} must be 0 (auto) or >= 2"
+        # smem feasibility with the widest supported output (fp32).
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, wgs, stages) < 2:
+            return "tile does not fit two pipeline stages in shared memory"
+        return None
+
+    @staticmethod
+    def _epi_bytes(c_bytes: int, wgs: int) -> int:
+        epi_stages = 4 if c_bytes <= 2 else 2
+        return 64 * wgs * 32 * c_bytes * epi_stages
+
+    @staticmethod
+    def _num_stages(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int,
+                    c_bytes: int, wgs: int, requested: int) -> int:
+        per_stage = (tile_m + tile_n) * tile_k * ab_bytes
+        budget = SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
+        fit = budget // per_stage
+        if requested:
+            return requested if requested <= fit else 0
+        return min(fit, 8)
+
+    @staticmethod
+    def why_not(
+        a_dtype: Any, b_dtype: Any, out_dtype: Any, a_major: str, b_major: str,
+        m: int, n: int, k: int, l: int = 1, bias_dtype: Any = None,
+        lda: Optional[int] = None, ldb: Optional[int] = None,
+        ldc: Optional[int] = None, batch_strides: Optional[tuple] = None,
+        config: Optional[dict] = None,
+    ) -> Optional[str]:
+        """Return why a problem cannot run on this kernel, or None if it can.
+
+        ``a_major`` is "k" (row-major A) or "m"; ``b_major`` is "k" or "n" (see
+        the module docstring).  ``lda/ldb/ldc`` are the non-unit leading strides
+        in elements (default: the compact value), ``batch_strides`` the
+        (A, B, C) batch strides in elements (default compact; ignored if l==1).
+        ``config`` (a dict of constructor kwargs) is validated too if given.
+        """
+        ak, bk, ck = _dtype_key(a_dtype), _dtype_key(b_dtype), _dtype_key(out_dtype)
+        if ak not in ("bf16", "fp16") or ak != bk:
+            return f"A/B dtypes must both be bf16 or both fp16 (got {a_dtype}, {b_dtype})"
+        if ck not in ("bf16", "fp16", "fp32"):
+            return f"output dtype {out_dtype} unsupported"
+        if bias_dtype is not None and _dtype_key(bias_dtype) is None:
+            return f"bias dtype {bias_dtype} unsupported"
+        if a_major not in ("k", "m"):
+            return f"a_major must be 'k' or 'm', got {a_major!r}"
+        if b_major not in ("k", "n"):
+            return f"b_major must be 'k' or 'n', got {b_major!r}"
+        for name, v in (("m", m), ("n", n), ("k", k), ("l", l)):
+            if int(v) < 1:
+                return f"{name}={v} must be >= 1"
+            if int(v) >= 2**31:
+                return f"{name}={v} too large for int32 indexing"
+        ab = _DTYPE_BYTES[ak]
+        cb = _DTYPE_BYTES[ck]
+        lda = lda if lda is not None else (k if a_major == "k" else m)
+        ldb = ldb if ldb is not None else (k if b_major == "k" else n)
+        ldc = ldc if ldc is not None else n
+        for name, ld, eb in (("lda", lda, ab), ("ldb", ldb, ab), ("ldc", ldc, cb)):
+            if (ld * eb) % 16:
+                return f"{name}={ld} elements is not a multiple of 16 bytes (TMA)"
+        if l > 1:
+            bs = batch_strides or (m * k, n * k, m * n)
+            for name, s, eb in zip(("A", "B", "C"), bs, (ab, ab, cb)):
+                if (int(s) * eb) % 16:
+                    return f"batch stride of {name} ({s}) is not a multiple of 16 bytes"
+        if config is not None:
+            err = Sm90Gemm.config_error(**config)
+            if err is not None:
+                return err
+            if config.get("store", "tma") == "tma" and (n * cb) % 16:
+                return (f"n={n} is not a multiple of {16 // cb}: the TMA-store epilogue "
+                        "needs 16-byte rows; use store='direct'")
+        return None
+
+    @staticmethod
+    def can_implement(*args: Any, **kwargs: Any) -> bool:
+        """``why_not(...) is None``; same arguments as :meth:`why_not`."""
+        return Sm90Gemm.why_not(*args, **kwargs) is None
+
+    # -------------------------------------------------------- trace-time setup
+    def _setup(self, a_dtype, b_dtype, c_dtype, a_layout, b_layout, c_layout):
+        if a_dtype not in (cutlass.BFloat16, cutlass.Float16) or a_dtype != b_dtype:
+            raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, got {a_dtype}/{b_dtype}")
+        if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32):
+            raise ValueError(f"Sm90Gemm: unsupported output dtype {c_dtype}")
+        if c_layout != LayoutEnum.ROW_MAJOR:
+            raise ValueError("Sm90Gemm: C must be row-major (N contiguous)")
+        self.a_dtype, self.b_dtype, self.c_dtype = a_dtype, b_dtype, c_dtype
+        self.a_layout, self.b_layout = a_layout, b_layout
+        ab_bytes = a_dtype.width // 8
+        c_bytes = c_dtype.width // 8
+        self.stages = self._num_stages(
+            self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
+            self.num_consumer_wgs, self.requested_stages,
+        )
+        if self.stages < 2:
+            raise ValueError(
+                f"Sm90Gemm: {self.requested_stages} stages of a {self.tile_m}x"
+                f"{self.tile_n}x{self.tile_k} tile do not fit in shared memory")
+        self.epi_stages = 4 if c_bytes <= 2 else 2
+
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            a_dtype, b_dtype, a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(), self.acc_dtype, self.mma_atom_layout,
+            tiler_mn=(64, self.tile_n),
+        )
+        tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
+        self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype, self.stages)
+        self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype, self.stages)
+        self.sC_layout = sm90_utils.make_smem_layout_epi(
+            c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages)
+
+    # ------------------------------------------------------------- host entry
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mBias: Optional[cute.Tensor],
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        stream,
+    ):
+        """Launch ``C = alpha * A @ B^T + beta * Bias`` (see the module docstring).
+
+        With the TVM-FFI ABI and an environment stream the compiled function is
+        called as ``f(A, B, C, Bias_or_None, alpha, beta)``.
+        """
+        self.launch(mA, mB, mC, mBias, alpha, beta, stream)
+
+    @cute.jit
+    def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None):
+        """Trace-time body of ``__call__``.  A fusing subclass defines its own
+        ``__call__`` with extra tensor arguments and forwards them here as
+        ``epi_args`` (any pytree of tensors/scalars); they reach
+        :meth:`epilogue_op` unchanged."""
+        self._setup(
+            mA.element_type, mB.element_type, mC.element_type,
+            LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB),
+            LayoutEnum.from_tensor(mC),
+        )
+        tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
+
+        a_op = (cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_n > 1
+                else cpasync.CopyBulkTensorTileG2SOp())
+        b_op = (cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1
+                else cpasync.CopyBulkTensorTileG2SOp())
+        tma_a, tA = cpasync.make_tiled_tma_atom(
+            a_op, mA, cute.slice_(self.sA_layout, (None, None, 0)), (tm, tk),
+            num_multicast=self.cluster_n)
+        tma_b, tB = cpasync.make_tiled_tma_atom(
+            b_op, mB, cute.slice_(self.sB_layout, (None, None, 0)), (tn, tk),
+            num_multicast=self.cluster_m)
+        tma_c, tC = None, mC
+        if cutlass.const_expr(self.store == "tma"):
+            tma_c, tC = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mC,
+                cute.slice_(self.sC_layout, (None, None, 0)), self.epi_tile)
+
+        prob_m = cute.size(mC, mode=[0])
+        prob_n = cute.size(mC, mode=[1])
+        prob_l = cute.size(mC, mode=[2])
+        prob_k = cute.size(mA, mode=[1])
+        clusters_m = ((prob_m + tm - 1) // tm + self.cluster_m - 1) // self.cluster_m
+        clusters_n = ((prob_n + tn - 1) // tn + self.cluster_n - 1) // self.cluster_n
+        total_clusters = clusters_m * clusters_n * prob_l
+        k_tiles = (prob_k + tk - 1) // tk
+        num_persistent = min(total_clusters, self.max_active_clusters)
+
+        stages = self.stages
+        c_smem_elems = cute.cosize(self.sC_layout) if self.store == "tma" else 8
+
+        @cute.struct
+        class GemmSmem:
+            ring_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            smem_a: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(self.sA_layout)], 1024]
+            smem_b: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(self.sB_layout)], 1024]
+            smem_c: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, c_smem_elems], 1024]
+
+        self.smem_struct = GemmSmem
+
+        self.kernel(
+            tma_a, tA, tma_b, tB, tma_c, tC, mBias, alpha, beta, epi_args,
+            self.tiled_mma,
+            cute.make_layout((self.cluster_m, self.cluster_n, 1)),
+            self.sA_layout, self.sB_layout, self.sC_layout,
+            prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
+        ).launch(
+            grid=(self.cluster_m, self.cluster_n, num_persistent),
+            block=[self.num_threads, 1, 1],
+            cluster=(self.cluster_m, self.cluster_n, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # -------------------------------------------------------------- scheduler
+    @cute.jit
+    def tile_of(self, linear, clusters_m, clusters_n, cta_m, cta_n):
+        """Map a linear cluster-work index to this CTA's (m_tile, n_tile, l)."""
+        per_batch = clusters_m * clusters_n
+        l_idx = linear // per_batch
+        rem = linear - l_idx * per_batch
+        g = self.group_size
+        if cutlass.const_expr(self.raster == "m"):
+            band_len = g * clusters_n
+            band = rem // band_len
+            pos = rem - band * band_len
+            first = band * g
+            width = min(g, clusters_m - first)
+            cl_m = first + pos % width
+            cl_n = pos // width
+        else:
+            band_len = g * clusters_m
+            band = rem // band_len
+            pos = rem - band * band_len
+            first = band * g
+            width = min(g, clusters_n - first)
+            cl_n = first + pos % width
+            cl_m = pos // width
+        return (cl_m * self.cluster_m + cta_m, cl_n * self.cluster_n + cta_n, l_idx)
+
+    # -------------------------------------------------------------- epilogue
+    @cute.jit
+    def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+        """Fusion hook: transform one thread's fp32 accumulator fragment in place.
+
+        ``acc[i]`` holds ``(A @ B^T)[m, n, l_idx]`` for ``(m, n) = coords[i]``.
+        Coordinates may lie outside ``(prob_m, prob_n)`` in tail tiles; those
+        values are discarded by the clipped TMA store but must not fault, so
+        predicate any gmem access.  Default: ``alpha * acc + beta * bias``.
+        Override in a subclass (decorated with ``@cute.jit``) to fuse more
+        pointwise work; ``epi_args`` is passed through from ``__call__``.
+        """
+        if cutlass.const_expr(mBias is None):
+            acc.store(acc.load() * alpha)
+        else:
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                mn = coords[i]
+                val = acc[i] * alpha
+                if cute.elem_less(mn, (prob_m, prob_n)):
+                    bias = mBias[mn[0], mn[1], l_idx].to(cutlass.Float32)
+                    val = val + beta * bias
+                acc[i] = val
+
+    # ---------------------------------------------------------------- kernel
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        tA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        tB: cute.Tensor,
+        tma_c: Optional[cute.CopyAtom],
+        tC: cute.Tensor,
+        mBias: Optional[cute.Tensor],
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        epi_args,
+        tiled_mma: cute.TiledMma,
+        cluster_layout: cute.Layout,
+        sA_layout: cute.ComposedLayout,
+        sB_layout: cute.ComposedLayout,
+        sC_layout: cute.ComposedLayout,
+        prob_m: cutlass.Int32,
+        prob_n: cutlass.Int32,
+        clusters_m: cutlass.Int32,
+        clusters_n: cutlass.Int32,
+        total_clusters: cutlass.Int32,
+        k_tiles: cutlass.Int32,
+    ):
+        tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            if cutlass.const_expr(self.store == "tma"):
+                cpasync.prefetch_descriptor(tma_c)
+
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_crd = cluster_layout.get_flat_coord(cta_rank)
+        mask_a = 0
+        mask_b = 0
+        if cutlass.const_expr(self.cluster_n > 1):
+            mask_a = cute.make_layout_image_mask(cluster_layout, cta_crd, mode=1)
+        if cutlass.const_expr(self.cluster_m > 1):
+            mask_b = cute.make_layout_image_mask(cluster_layout, cta_crd, mode=0)
+
+        alloc = SmemAllocator()
+        smem = alloc.allocate(self.smem_struct)
+
+        stage_bytes = cute.size_in_bytes(
+            self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
+        ) + cute.size_in_bytes(self.b_dtype, cute.slice_(sB_layout, (None, None, 0)))
+        # Creating the pipeline also initialises its mbarriers and syncs the
+        # whole cluster, so every CTA sees initialised barriers before any
+        # multicast or remote arrive.
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=smem.ring_bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_consumer_threads),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, 1)),
+            enable_multicast_signaling=True,
+        )
+
+        sA = smem.smem_a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = smem.smem_b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+
+        # (tm, tk, tiles_m, tiles_k, L) / (tn, tk, tiles_n, tiles_k, L)
+        gA = cute.local_tile(tA, (tm, tk), (None, None, None))
+        gB = cute.local_tile(tB, (tn, tk), (None, None, None))
+
+        # TMA partitions: each CTA of a multicast group loads a slice.
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_a, cta_crd[1], cute.make_layout(self.cluster_n),
+            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_b, cta_crd[0], cute.make_layout(self.cluster_m),
+            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+        linear_start = cute.arch.block_idx()[2]
+        n_persistent = cute.arch.grid_dim()[2]
+
+        if wg == 0:
+            # ------------------------------------------------ producer warpgroup
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp == 0:
+                prod_state = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Producer, self.stages)
+                linear = linear_start
+                while linear < total_clusters:
+                    m_t, n_t, l_t = self.tile_of(
+                        linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
+                    src_a = tAgA[(None, m_t, None, l_t)]
+                    src_b = tBgB[(None, n_t, None, l_t)]
+                    for kt in range(k_tiles):
+                        ring.producer_acquire(prod_state)
+                        bar = ring.producer_get_barrier(prod_state)
+                        cute.copy(tma_a, src_a[(None, kt)], tAsA[(None, prod_state.index)],
+                                  tma_bar_ptr=bar, mcast_mask=mask_a)
+                        cute.copy(tma_b, src_b[(None, kt)], tBsB[(None, prod_state.index)],
+                                  tma_bar_ptr=bar, mcast_mask=mask_b)
+                        ring.producer_commit(prod_state)
+                        prod_state.advance()
+                    linear += n_persistent
+                ring.producer_tail(prod_state)
+        else:
+            # ----------------------------------------------- consumer warpgroups
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            ctid = tidx - _THREADS_PER_WG
+            wg_mma = tiled_mma.get_slice((wg - 1) * _THREADS_PER_WG)
+            thr_mma = tiled_mma.get_slice(ctid)
+            tCsA = wg_mma.partition_A(sA)
+            tCsB = wg_mma.partition_B(sB)
+            tCrA = tiled_mma.make_fragment_A(tCsA)
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+            acc = cute.make_rmem_tensor(
+                tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
+            k_blocks = cute.size(tCrA, mode=[2])
+
+            if cutlass.const_expr(self.store == "tma"):
+                # Epilogue plumbing: registers -> swizzled smem (stmatrix) -> TMA.
+                sC = smem.smem_c.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+                gC = cute.local_tile(tC, (tm, tn), (None, None, None))
+                stm_atom = cute.make_copy_atom(
+                    cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.c_dtype)
+                r2s = cute.make_tiled_copy_S(
+                    sm90_utils.get_smem_store_op(
+                        LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype),
+                    cute.make_tiled_copy_C_atom(stm_atom, tiled_mma))
+                thr_r2s = r2s.get_slice(ctid)
+                tRS_sC = thr_r2s.partition_D(sC)                 # (V, M, N, EPI_STAGE)
+                tRS_acc = r2s.retile(acc)                        # whole tile, per thread
+                sub_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+                sub_f32 = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+                sub_out = cute.make_rmem_tensor(sub_shape, self.c_dtype)
+                sub_size = cute.size(sub_f32)
+                epi_m, epi_n = self.epi_tile
+                subs_m = tm // epi_m
+                subs_n = tn // epi_n
+                num_subs = subs_m * subs_n
+                epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
+                store_pipe = pipeline.PipelineTmaStore.create(
+                    num_stages=self.epi_stages,
+                    producer_group=pipeline.CooperativeGroup(
+                        pipeline.Agent.Thread, self.num_consumer_threads),
+                )
+            ident = cute.make_identity_tensor((prob_m, prob_n))
+
+            read_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.stages)
+            free_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.stages)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            tiles_done = cutlass.Int32(0)
+            linear = linear_start
+            while linear < total_clusters:
+                m_t, n_t, l_t = self.tile_of(
+                    linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
+
+                # ---------------- main loop: one WGMMA batch kept in flight
+                acc.fill(0.0)
+                warpgroup.fence()
+                for kt in range(k_tiles):
+                    ring.consumer_wait(read_state)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc,
+                                  tCrA[(None, None, kb, read_state.index)],
+                                  tCrB[(None, None, kb, read_state.index)], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    if kt > 0:
+                        ring.consumer_release(free_state)
+                        free_state.advance()
+                    read_state.advance()
+                warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    ring.consumer_release(free_state)
+                    free_state.advance()
+
+                # ---------------- epilogue math (fusion hook)
+                coords = thr_mma.partition_C(
+                    cute.local_tile(ident, (tm, tn), (m_t, n_t)))
+                self.epilogue_op(acc, coords, l_t, prob_m, prob_n, mBias, alpha, beta,
+                                 epi_args)
+
+                if cutlass.const_expr(self.store == "tma"):
+                    # ---------------- cast -> smem -> TMA store, sub-tile by sub-tile
+                    gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)], self.epi_tile)
+                    bSG_sC, bSG_gC = cpasync.tma_partition(
+                        tma_c, 0, cute.make_layout(1),
+                        cute.group_modes(sC, 0, 2), gC_tile)
+                    for s in cutlass.range_constexpr(num_subs):
+                        for v in cutlass.range_constexpr(sub_size):
+                            sub_f32[v] = tRS_acc[s * sub_size + v]
+                        sub_out.store(sub_f32.load().to(self.c_dtype))
+                        buf = (tiles_done * num_subs + s) % self.epi_stages
+                        cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_bar.arrive_and_wait()
+                        if warp == self.store_warp:
+                            cute.copy(tma_c, bSG_sC[(None, buf)],
+                                      bSG_gC[(None, (s // subs_n, s % subs_n))])
+                            store_pipe.producer_commit()
+                            store_pipe.producer_acquire()
+                        epi_bar.arrive_and_wait()
+
+                else:
+                    # ---------------- predicated direct stores (any N)
+                    for i in cutlass.range(cute.size(acc), unroll_full=True):
+                        mn = coords[i]
+                        if cute.elem_less(mn, (prob_m, prob_n)):
+                            tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
+
+                tiles_done += 1
+                linear += n_persistent
+            if cutlass.const_expr(self.store == "tma"):
+                if warp == self.store_warp:
+                    store_pipe.producer_tail()
+
+
+# --------------------------------------------------------------------------
+# Configurations and selection heuristic
+# --------------------------------------------------------------------------
+DEFAULT_CONFIGS = [
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=2, cooperative=True, raster="n"),
+    dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=True, raster="n"),
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
+    dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False, raster="n"),
+]
+
+# Extra small-tile candidates only used by the heuristic for tiny problems.
+_EXTRA_CONFIGS = [
+    dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
+    dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
+]
+
+# Rough relative mainloop efficiency of a tile shape (bigger tiles reuse more).
+_TILE_EFFICIENCY = {
+    (128, 256): 1.00, (256, 128): 1.00, (128, 192): 0.95, (128, 128): 0.88,
+    (64, 256): 0.80, (128, 64): 0.70, (64, 128): 0.70, (64, 64): 0.55,
+}
+
+
+def config_name(cfg: dict) -> str:
+    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm``."""
+    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}".format(
+        cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
+        cfg.get("cluster_n", 1), "coop" if cfg.get("cooperative", True) else "1wg",
+        cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
+        "_direct" if cfg.get("store", "tma") == "direct" else "")
+
+
+def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
+                 l: int = 1, num_sms: int = _DEFAULT_NUM_SMS, out_dtype: Any = None) -> list:
+    """Rank candidate configs for an (m, n, k, l) problem, best guess first.
+
+    When ``n * sizeof(out)`` is not a multiple of 16 bytes every returned
+    config has ``store="direct"`` (see :class:`Sm90Gemm`).
+
+    Cost model: waves x per-tile work / tile efficiency, with padding waste of
+    partial tiles counted as work.  Ties prefer multicast clusters (less L2
+    traffic) and the raster whose fast direction has more tiles.
+    """
+    c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
+    direct = (n * c_bytes) % 16 != 0
+    del dtype  # both 16-bit input types behave the same
+    scored = []
+    for cfg in DEFAULT_CONFIGS + _EXTRA_CONFIGS:
+        tm, tn = cfg["tile_m"], cfg["tile_n"]
+        cm, cn = cfg.get("cluster_m", 1), cfg.get("cluster_n", 1)
+        tiles_m, tiles_n = _ceil_div(m, tm), _ceil_div(n, tn)
+        clusters = _ceil_div(tiles_m, cm) * _ceil_div(tiles_n, cn) * l
+        slots = max(1, num_sms // (cm * cn))
+        waves = _ceil_div(clusters, slots)
+        cost = waves * tm * tn * max(k, 64) / _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        # Clusters whose partner CTA would sit entirely outside the problem
+        # waste an SM: penalise clusters along a dimension with a single tile.
+        if (cm > 1 and tiles_m < 2) or (cn > 1 and tiles_n < 2):
+            cost *= 1.5
+        bonus = 0.0
+        if cm * cn > 1:
+            bonus -= 0.02
+        if (cfg.get("raster", "m") == "m") == (tiles_m >= tiles_n):
+            bonus -= 0.01
+        scored.append((cost * (1.0 + bonus), config_name(cfg), cfg))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    out = []
+    for _, _, cfg in scored:
+        cfg = dict(cfg, store="direct") if direct else dict(cfg)
+        if cfg not in out:
+            out.append(cfg)
+        if len(out) >= max_configs:
+            break
+    return out
+
+
+# --------------------------------------------------------------------------
+# Compilation helpers (GPU-less: set CUTE_DSL_ARCH=sm_90a before importing cutlass)
+# --------------------------------------------------------------------------
+def make_fake_gemm_args(ab_dtype: Any = "bf16", out_dtype: Any = "bf16", a_major: str = "k",
+                        b_major: str = "k", bias_dtype: Any = None, store: str = "tma"):
+    """Fake (A, B, C, Bias) tensors with symbolic M, N, K, L and symbolic strides.
+
+    Non-unit strides are declared divisible by 16 bytes (the TMA contract);
+    with ``store="tma"`` N is declared divisible by ``16 // sizeof(C)`` too
+    (the compiled function then rejects other N at call time);
+    the bias (if ``bias_dtype``) gets fully symbolic strides (0 allowed) and
+    shares the M/N/L symbols with C.  Returns ``(A, B, C, Bias_or_None)``.
+    """
+    from cutlass.cute.runtime import make_fake_tensor
+
+    ab = _dtype_key(ab_dtype)
+    ck = _dtype_key(out_dtype)
+    if ab not in ("bf16", "fp16") or ck is None:
+        raise ValueError(f"unsupported dtypes {ab_dtype}/{out_dtype}")
+    ab_div = 16 // _DTYPE_BYTES[ab]
+    c_div = 16 // _DTYPE_BYTES[ck]
+    m, k = cute.sym_int32(), cute.sym_int32()
+    n = cute.sym_int32(divisibility=c_div if store == "tma" else 1)
+    l = cute.sym_int32()
+    lda, ldb = cute.sym_int64(divisibility=ab_div), cute.sym_int64(divisibility=ab_div)
+    bsa, bsb = cute.sym_int64(divisibility=ab_div), cute.sym_int64(divisibility=ab_div)
+    ldc, bsc = cute.sym_int64(divisibility=c_div), cute.sym_int64(divisibility=c_div)
+    t_ab = _CUTLASS_DTYPES[ab]
+    a = make_fake_tensor(t_ab, (m, k, l), (lda, 1, bsa) if a_major == "k" else (1, lda, bsa),
+                         assumed_align=16)
+    b = make_fake_tensor(t_ab, (n, k, l), (ldb, 1, bsb) if b_major == "k" else (1, ldb, bsb),
+                         assumed_align=16)
+    c = make_fake_tensor(_CUTLASS_DTYPES[ck], (m, n, l), (ldc, 1, bsc), assumed_align=16)
+    bias = None
+    if bias_dtype is not None:
+        bk = _dtype_key(bias_dtype)
+        if bk is None:
+            raise ValueError(f"unsupported bias dtype {bias_dtype}")
+        bias = make_fake_tensor(_CUTLASS_DTYPES[bk], (m, n, l),
+                                (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()))
+    return a, b, c, bias
+
+
+def compile_sm90_gemm(config: dict, ab_dtype: Any = "bf16", out_dtype: Any = "bf16",
+                      a_major: str = "k", b_major: str = "k", bias_dtype: Any = None,
+                      kernel_cls: type = None):
+    """Compile one GEMM variant with symbolic shapes and the TVM-FFI ABI.
+
+    The result is called as ``f(A, B, C, Bias_or_None, alpha, beta)`` with
+    torch CUDA tensors (views of the rank-3 layouts of the module docstring)
+    and Python floats; it runs on the current TVM-FFI environment stream
+    (torch's current stream).
+    """
+    from cutlass.runtime import make_fake_stream
+
+    cls = kernel_cls or Sm90Gemm
+    gemm = cls(**config)
+    a, b, c, bias = make_fake_gemm_args(ab_dtype, out_dtype, a_major, b_major, bias_dtype,
+                                        store=config.get("store", "tma"))
+    return cute.compile(gemm, a, b, c, bias, cutlass.Float32(1.0), cutlass.Float32(0.0),
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options="--enable-tvm-ffi")

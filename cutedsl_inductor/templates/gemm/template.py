@@ -1,0 +1,133 @@
+"""The Hopper GEMM as a CuteDSL template: choices for aten.mm, aten.addmm and aten.bmm.
+
+The rendered module imports ``Sm90Gemm`` (``sm90_gemm.py``) and defines a ``@cute.jit``
+entry that views torch's operands in the kernel's (M, K, L) / (N, K, L) / (M, N, L)
+convention through their strides -- so transposed operands need no copy -- and calls
+it. Every size and stride is symbolic (``symbolic_shapes=True``): one binary per
+config, dtype, operand majorness and divisibility class serves every M, N, K.
+
+``gemm_choices(op, nodes, layout, alpha, beta)`` checks that the problem suits the
+kernel (sm_90 target, bf16/fp16 operands of one dtype, output in that dtype, unit
+stride on one side of each operand, 16-byte aligned leading dimensions, aligned base
+pointers) and appends one choice per config from the heuristic (``pick_configs``,
+``config.gemm_max_configs``; every valid config with ``config.gemm_exhaustive``).
+A problem that does not suit it gets no choice, with a debug log saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ... import config
+from ...compile.compiler import target_arch
+from ...compile.specs import GPU_ALIGN_BYTES
+from ...template.template import CuteDSLTemplate
+from .sm90_gemm import DEFAULT_CONFIGS, Sm90Gemm, pick_configs
+
+log = logging.getLogger(__name__)
+
+GEMM_SOURCE = r'''
+from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
+from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
+
+{{gen_defines()}}
+
+@cute.jit
+{% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
+    gemm = Sm90Gemm(
+        tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
+        cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
+        store=STORE,
+    )
+    out = {{get_output()}}
+    {% if HAS_BIAS %}bias_mnl = as_mnl(bias){% else %}bias_mnl = None{% endif %}
+    gemm(as_mkl(a), as_nkl_from_kn(b), as_mnl(out), bias_mnl,
+         cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
+'''
+
+gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
+
+GEMM_OPS = ("mm", "addmm", "bmm")
+
+
+def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
+    return {
+        "TILE_M": cfg["tile_m"], "TILE_N": cfg["tile_n"], "TILE_K": cfg.get("tile_k", 64),
+        "CLUSTER_M": cfg.get("cluster_m", 1), "CLUSTER_N": cfg.get("cluster_n", 1),
+        "STAGES": cfg.get("stages", 0), "RASTER": cfg.get("raster", "m"),
+        "COOPERATIVE": cfg.get("cooperative", True), "STORE": cfg.get("store", "tma"),
+        "HAS_BIAS": has_bias, "ALPHA": float(alpha), "BETA": float(beta),
+    }
+
+
+def _operand_layout(node: Any, unit_last: str, unit_second: str) -> tuple[str | None, Any]:
+    """(the kernel's major mode, leading stride) of a matrix operand, by which of its
+    last two dims has unit stride; (None, None) when neither has."""
+    stride = node.get_stride()
+    if stride[-1] == 1:
+        return unit_last, stride[-2]
+    if stride[-2] == 1:
+        return unit_second, stride[-1]
+    return None, None
+
+
+def why_not_gemm(nodes: list[Any], layout: Any) -> str | None:
+    from torch._inductor.virtualized import V
+
+    if not target_arch().startswith("sm_90"):
+        return f"target {target_arch()} is not sm_90"
+    a, b = nodes[-2], nodes[-1]
+    if a.get_device().type != "cuda":
+        return "not a CUDA tensor"
+    if layout.dtype != a.get_dtype():
+        return f"output dtype {layout.dtype} differs from operand dtype {a.get_dtype()}"
+    for node in (*nodes, layout):
+        offset = node.offset if node is layout else node.get_layout().offset
+        itemsize = (layout.dtype if node is layout else node.get_dtype()).itemsize
+        if not V.graph.sizevars.statically_known_true(offset * itemsize % GPU_ALIGN_BYTES == 0):
+            return "an operand is not 16-byte aligned"
+        if node is not layout and node.get_name() in V.graph.unaligned_buffers:
+            return "an input may be misaligned"
+    return None
+
+
+def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
+                 alpha: float = 1.0, beta: float = 0.0) -> None:
+    """Append the Hopper GEMM's choices for ``op`` (see the module docstring)."""
+    from torch._inductor.virtualized import V
+
+    reason = why_not_gemm(nodes, layout)
+    a, b = nodes[-2], nodes[-1]
+    a_major, lda = _operand_layout(a, "k", "m")
+    b_major, ldb = _operand_layout(b, "n", "k")
+    if reason is None and (a_major is None or b_major is None):
+        reason = "an operand has no unit-stride dimension"
+    if reason is not None:
+        log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
+        return
+    hint = V.graph.sizevars.optimization_hint
+    *batch, m, k = a.get_size()
+    m, k = hint(m), hint(k)
+    n, l = hint(b.get_size()[-1]), (hint(batch[0]) if batch else 1)
+    problem = dict(a_dtype=a.get_dtype(), b_dtype=b.get_dtype(), out_dtype=layout.dtype,
+                   a_major=a_major, b_major=b_major, m=m, n=n, k=k, l=l, lda=hint(lda),
+                   ldb=hint(ldb), ldc=hint(layout.stride[-2]),
+                   batch_strides=tuple(hint(x.get_stride()[0]) for x in (a, b)) + (
+                       hint(layout.stride[0]),) if batch else None)
+    reason = Sm90Gemm.why_not(**problem)
+    if reason is not None:
+        log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
+        return
+    max_configs = len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive else config.gemm_max_configs
+    configs = pick_configs(m, n, k, a.get_dtype(), max_configs=max_configs, l=l,
+                           out_dtype=layout.dtype)
+    for cfg in configs:
+        if Sm90Gemm.why_not(**problem, config=cfg):
+            continue
+        gemm_template.maybe_append_choice(
+            choices, input_nodes=nodes, layout=layout,
+            **_params(cfg, op == "addmm", alpha, beta),
+        )

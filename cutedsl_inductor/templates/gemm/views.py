@@ -1,0 +1,38 @@
+"""Views of torch's matmul operands in ``Sm90Gemm``'s convention, for use inside
+``@cute.jit`` code. Each keeps the operand's memory and strides (a transposed operand
+is a view, never a copy); a 2-D operand gets a batch mode of size 1 and stride 0.
+
+  torch                       kernel
+  a   (M, K)  / (L, M, K) ->  A (M, K, L)
+  b   (K, N)  / (L, K, N) ->  B (N, K, L)
+  out (M, N)  / (L, M, N) ->  C (M, N, L)   (also an addmm bias expanded to (M, N))
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+
+def _permuted(t: cute.Tensor, order: tuple[int, int, int]) -> cute.Tensor:
+    """Modes of a 2-D or 3-D tensor reordered to ``order`` (indices into the 3-D
+    form, where a 2-D tensor is first given a leading batch mode (1, stride 0))."""
+    if cute.rank(t) == 2:
+        shape, stride = (1, t.shape[0], t.shape[1]), (0, t.stride[0], t.stride[1])
+    else:
+        shape, stride = tuple(t.shape), tuple(t.stride)
+    return cute.make_tensor(
+        t.iterator,
+        cute.make_layout(tuple(shape[i] for i in order), stride=tuple(stride[i] for i in order)),
+    )
+
+
+def as_mkl(a: cute.Tensor) -> cute.Tensor:
+    return _permuted(a, (1, 2, 0))
+
+
+def as_nkl_from_kn(b: cute.Tensor) -> cute.Tensor:
+    return _permuted(b, (2, 1, 0))
+
+
+def as_mnl(c: cute.Tensor) -> cute.Tensor:
+    return _permuted(c, (1, 2, 0))

@@ -1,0 +1,72 @@
+"""The GEMM choices hook, driven through Inductor's own KernelInputs (GPU-less)."""
+
+import pytest
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.kernel_inputs import MMKernelInputs
+
+from cutedsl_inductor.inductor.choices import CuteDSLChoices
+from tests.helpers import make_input
+
+ENABLED = dict(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON,CUTEDSL")
+
+
+def offered(op, nodes, scalars=None, **patch):
+    inputs = MMKernelInputs(nodes, scalars=scalars)
+    with inductor_config.patch(**{**ENABLED, **patch}):
+        return [c for c in CuteDSLChoices().get_template_configs(inputs, [], op)
+                if type(c).__name__ == "CuteDSLTemplateCaller"]
+
+
+def test_mm_gets_choices_once_per_lowering(graph):
+    nodes = [make_input(graph, "a", (512, 256), torch.bfloat16),
+             make_input(graph, "b", (256, 384), torch.bfloat16)]
+    first = offered("mm", nodes)
+    assert 1 <= len(first) <= 8
+    assert all(c.template.name == "sm90_gemm" for c in first)
+    assert offered("mm", nodes) == []
+
+
+def test_transposed_weight_and_bmm(graph):
+    w_t = make_input(graph, "w", (256, 384), torch.float16, stride=(1, 256))
+    assert offered("mm", [make_input(graph, "x", (100, 256), torch.float16), w_t])
+    a3 = make_input(graph, "a3", (4, 64, 128), torch.bfloat16)
+    b3 = make_input(graph, "b3", (4, 128, 64), torch.bfloat16)
+    assert offered("bmm", [a3, b3])
+
+
+def test_addmm_carries_alpha_beta_and_waits_for_the_expanded_bias(graph):
+    a = make_input(graph, "a", (128, 256), torch.bfloat16)
+    b = make_input(graph, "b", (256, 512), torch.bfloat16)
+    bias_1d = make_input(graph, "bias", (512,), torch.bfloat16)
+    assert offered("addmm", [bias_1d, a, b], dict(alpha=2.0, beta=0.5)) == []
+    bias = make_input(graph, "bias2", (128, 512), torch.bfloat16, stride=(0, 1))
+    (choice, *_) = offered("addmm", [bias, a, b], dict(alpha=2.0, beta=0.5))
+    assert choice.params["ALPHA"] == 2.0 and choice.params["BETA"] == 0.5
+    assert choice.params["HAS_BIAS"] is True
+
+
+@pytest.mark.parametrize("reason", ["backend off", "no max-autotune", "fp32", "mixed",
+                                    "misaligned", "no unit stride", "other arch"])
+def test_no_choice_when_it_does_not_fit(graph, reason, monkeypatch):
+    from cutedsl_inductor import config
+
+    dtype_a = dtype_b = torch.bfloat16
+    patch, shape_b, stride_b = {}, (256, 384), None
+    if reason == "backend off":
+        patch = dict(max_autotune_gemm_backends="ATEN,TRITON")
+    elif reason == "no max-autotune":
+        patch = dict(max_autotune=False)
+    elif reason == "fp32":
+        dtype_a = dtype_b = torch.float32
+    elif reason == "mixed":
+        dtype_b = torch.float16
+    elif reason == "misaligned":
+        shape_b, stride_b = (256, 383), None
+    elif reason == "no unit stride":
+        stride_b = (768, 2)
+    else:
+        monkeypatch.setattr(config, "arch", "sm_100a")
+    nodes = [make_input(graph, "a", (512, 256), dtype_a),
+             make_input(graph, "b", shape_b, dtype_b, stride=stride_b)]
+    assert offered("mm", nodes, **patch) == []

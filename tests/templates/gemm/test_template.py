@@ -1,0 +1,27 @@
+"""The GEMM template renders and compiles (GPU-less, sm_90a) for mm, addmm and bmm."""
+
+import pytest
+import torch
+
+from cutedsl_inductor.compile.specs import Sym
+from cutedsl_inductor.templates.gemm.template import gemm_choices
+from tests.helpers import make_input, make_layout
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm"])
+def test_first_choice_compiles_with_symbolic_shapes(graph, op):
+    batch = (3,) if op == "bmm" else ()
+    a = make_input(graph, "a", (*batch, 1000, 512), torch.bfloat16)
+    b = make_input(graph, "b", (*batch, 512, 384), torch.bfloat16, stride=None if batch else (1, 512))
+    nodes = [a, b]
+    if op == "addmm":
+        nodes.insert(0, make_input(graph, "bias", (1000, 384), torch.bfloat16, stride=(0, 1)))
+    choices = []
+    gemm_choices(choices, op, nodes, make_layout((*batch, 1000, 384), torch.bfloat16),
+                 alpha=1.0, beta=1.0 if op == "addmm" else 0.0)
+    assert choices
+    choice = choices[0]
+    out_spec = choice.specs[-1]
+    assert all(isinstance(d, Sym) for d in out_spec.shape)
+    assert "Sm90Gemm(" in choice.source
+    assert type(choice.load().kernel_fn).__name__.startswith("TVMFFI")
