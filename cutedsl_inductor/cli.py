@@ -4,6 +4,7 @@
   cache info | cache clear     what the kernel cache holds / empty it
   precompile [--arch sm_90a]   compile the built-in templates' default choices into the
                                cache, GPU or not
+  bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["bench", "gemm"]:
+        from .bench.gemm import main as bench_gemm
+
+        return bench_gemm(argv[2:])
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     pre = commands.add_parser("precompile", help="fill the kernel cache, GPU or not")
     pre.add_argument("--arch", default="sm_90a")
     pre.set_defaults(run=_precompile)
+    commands.add_parser("bench", help="bench gemm [--quick] [--out DIR]: see bench/gemm.py")
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -5,7 +5,8 @@ matches. Output code written by one version of this package must not be run by a
 so ``install`` registers ``CacheKeyPass`` as the CUDA backend's custom graph pass: a
 no-op pass (it calls the pass it replaced, if any) whose ``uuid`` -- part of the FX
 graph cache key on every supported torch -- carries the versions of this package,
-nvidia-cutlass-dsl and apache-tvm-ffi and the knobs that change generated code.
+nvidia-cutlass-dsl and apache-tvm-ffi and the knobs that change generated code
+(``package_fingerprint``; torch 2.13 also asks ``CuteDSLChoices.uuid`` for it).
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ class CacheKeyPass(CustomGraphModulePass):
             self.wrapped(gm)
 
     def uuid(self) -> Any:
-        from .. import config
-        from ..compile.compiler import toolchain_versions
+        wrapped = self.wrapped.uuid() if self.wrapped is not None else None
+        return package_fingerprint(wrapped)
 
-        material = {"versions": toolchain_versions(), "config": config.snapshot(),
-                    "wrapped": self.wrapped.uuid() if self.wrapped is not None else None}
-        return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+def package_fingerprint(*extra: Any) -> str:
+    """Hash of our versions and code-changing knobs (and ``extra``)."""
+    from .. import config
+    from ..compile.compiler import toolchain_versions
+
+    material = {"versions": toolchain_versions(), "config": config.snapshot(), "extra": extra}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def install_cache_key() -> None:

@@ -46,6 +46,12 @@ def _first_offer(op_name: str, nodes: list[Any]) -> bool:
 
 
 class CuteDSLChoices(InductorChoices):
+    def uuid(self) -> str:
+        """Part of the FX graph cache key (torch 2.13 requires it of a choices class)."""
+        from .cache_key import package_fingerprint
+
+        return package_fingerprint("CuteDSLChoices")
+
     def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
                              *args: Any, **kwargs: Any) -> list[Any]:
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)

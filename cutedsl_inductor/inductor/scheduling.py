@@ -65,13 +65,13 @@ class CuteDSLScheduling(BaseScheduling):
         kernel, render = buffer.make_kernel_render(buffer)
         template_node.mark_run()
         kernel_name, source = name_kernel(buffer.template.name, render())
-        refs, nodes = kernel.call_args()
+        nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, buffer.template.symbolic_shapes)
         with V.set_kernel_handler(kernel):
             kernel_name = self.define_kernel(kernel_name, source, specs, buffer, [template_node])
             V.graph.wrapper_code.generate_kernel_call(
                 kernel_name,
-                refs,
+                kernel.call_references(),
                 triton=True,
                 arg_types=[n.get_dtype() if hasattr(n, "get_dtype") else int for n in nodes],
             )

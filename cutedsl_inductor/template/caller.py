@@ -12,6 +12,7 @@ benchmarks as ``inf``; Inductor then picks another choice.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -26,6 +27,26 @@ from ..inductor.ir import CuteDSLTemplateBuffer
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputView:
+    """How one template input sits in its buffer (size hints, in elements)."""
+
+    buffer: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @staticmethod
+    def of(node: Any) -> "InputView":
+        from torch._inductor.virtualized import V
+
+        hints = V.graph.sizevars.optimization_hints
+        layout = node.get_layout()
+        return InputView(node.get_name(), tuple(hints(node.get_size())),
+                         tuple(hints(node.get_stride())),
+                         V.graph.sizevars.optimization_hint(layout.offset))
 
 
 class KernelRender:
@@ -55,6 +76,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         source: str,
         specs: list[ArgSpec],
         extra_args: list[int],
+        input_views: list[InputView],
         mutated_inputs: list[Any] | None = None,
     ) -> None:
         super().__init__(
@@ -68,6 +90,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.source = source
         self.specs = specs
         self.extra_args = extra_args
+        self.input_views = input_views
         self.mutated_inputs = mutated_inputs
         self.make_kernel_render = KernelRender(template, input_nodes, params)
         self.failure: Exception | None = None
@@ -98,13 +121,26 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
 
         try:
             wrapper = self.load()
-            call_args = (*args, out, *self.extra_args)
+            call_args = (*self.views_of(args), out, *self.extra_args)
             stream = torch.cuda.current_stream(out.device).cuda_stream
             wrapper.run(*call_args, stream=stream)  # surfaces launch errors here
             return benchmarker.benchmark_gpu(lambda: wrapper.run(*call_args, stream=stream))
         except Exception as err:
             self._drop(err)
             return float("inf")
+
+    def views_of(self, buffers: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """Inductor benchmarks a template with one tensor per distinct input buffer (in
+        order of first use); our entry takes each input as its view (a transposed
+        operand, an expanded bias), rebuilt here from the IR layouts."""
+        names = list(dict.fromkeys(view.buffer for view in self.input_views))
+        if len(buffers) != len(names):
+            raise ValueError(f"{len(buffers)} benchmark tensors for input buffers {names}")
+        by_name = dict(zip(names, buffers))
+        return [
+            by_name[v.buffer].as_strided(v.size, v.stride, by_name[v.buffer].storage_offset() + v.offset)
+            for v in self.input_views
+        ]
 
     def _drop(self, err: Exception) -> None:
         self.failure = err
@@ -134,8 +170,11 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         return self.load().run
 
     def hash_key(self) -> str:
-        digest = hashlib.sha256(f"{self.source}\n{specs_key(self.specs)}".encode())
-        return f"{self.template.name}-{digest.hexdigest()}"
+        """Names the binary: Inductor's autotune-result cache keys timings on it."""
+        from ..compile.compiler import toolchain_versions
+
+        material = f"{self.source}\n{specs_key(self.specs)}\n{sorted(toolchain_versions().items())}"
+        return f"{self.template.name}-{hashlib.sha256(material.encode()).hexdigest()}"
 
     def info_dict(self) -> dict[str, Any]:
         return {

@@ -180,18 +180,20 @@ class CuteDSLTemplateKernel(Kernel):
 
     # -- the call in the output code -----------------------------------------------
 
-    def call_args(self) -> tuple[list[str], list[Any]]:
-        """(references in the output code, IR node or size expression) per argument."""
-        refs = [call_reference(node) for _, node in self.template_inputs]
+    def arg_nodes(self) -> list[Any]:
+        """IR node (or size expression) per entry argument, in signature order."""
         nodes: list[Any] = [node for _, node in self.template_inputs]
-        for buf in self.args.input_buffers:
-            refs.append(buf)
-            nodes.append(V.graph.get_buffer(buf))
-        for buf in self.args.output_buffers:
-            refs.append(buf)
-            nodes.append(self.output_node if buf == self.output_node.get_name()
-                         else V.graph.get_buffer(buf))
-        for expr in self.args.sizevars:
-            refs.append(self.kexpr(expr))
-            nodes.append(expr)
-        return refs, nodes
+        nodes += [V.graph.get_buffer(buf) for buf in self.args.input_buffers]
+        nodes += [
+            self.output_node if buf == self.output_node.get_name() else V.graph.get_buffer(buf)
+            for buf in self.args.output_buffers
+        ]
+        nodes += list(self.args.sizevars)
+        return nodes
+
+    def call_references(self) -> list[str]:
+        """How the output code passes each entry argument (codegen time only)."""
+        refs = [call_reference(node) for _, node in self.template_inputs]
+        refs += list(self.args.input_buffers) + list(self.args.output_buffers)
+        refs += [self.kexpr(expr) for expr in self.args.sizevars]
+        return refs

@@ -36,7 +36,7 @@ from ..exc import (
     TemplateRenderError,
     format_params,
 )
-from .caller import CuteDSLTemplateCaller
+from .caller import CuteDSLTemplateCaller, InputView
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class CuteDSLTemplate:
         )
         kernel_name, source = name_kernel(self.name, self.render(kernel))
         _check_python(self.name, params, source)
-        refs, nodes = kernel.call_args()
+        nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, self.symbolic_shapes)
         extra_args = [V.graph.sizevars.optimization_hint(n) for n in nodes if not hasattr(n, "get_size")]
         return CuteDSLTemplateCaller(
@@ -106,6 +106,7 @@ class CuteDSLTemplate:
             source=source,
             specs=specs,
             extra_args=extra_args,
+            input_views=[InputView.of(node) for node in input_nodes],
             mutated_inputs=mutated_inputs,
         )
 

@@ -132,7 +132,8 @@ def lower_add(a: Any, b: Any) -> Any:
     layout = ir.FixedLayout(a.get_device(), a.get_dtype(), a.get_size())
     choices: list[Any] = [aten_add.bind([a, b], layout)]
     add_choices(choices, a, b, layout)
-    return autotune_select_algorithm("cutedsl_add", choices, [a, b], layout)
+    selected = autotune_select_algorithm("cutedsl_add", choices, [a, b], layout)
+    return selected[0] if isinstance(selected, tuple) else selected  # torch 2.13: (node, choice)
 
 
 def register_add_op() -> None:

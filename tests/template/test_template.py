@@ -95,3 +95,20 @@ def test_hash_key_is_the_same_in_every_process():
     ]
     assert runs[0] == runs[1]
     assert len(set(runs[0])) == 2
+
+
+def test_benchmark_tensors_become_the_choice_views(graph):
+    import torch
+    from torch._inductor import ir
+
+    w = make_input(graph, "w", (384, 256), torch.bfloat16)
+    w_t = ir.ReinterpretView(data=w.data.data, layout=ir.FixedLayout(
+        torch.device("cuda", 0), torch.bfloat16, [256, 384], stride=[1, 256]))
+    x = make_input(graph, "x", (100, 256), torch.bfloat16)
+    template = CuteDSLTemplate("views_probe", "{{def_kernel('a', 'b')}}\n    pass\n")
+    choice = template.generate(input_nodes=[x, w_t],
+                               layout=make_layout((100, 384), torch.bfloat16))
+    base_x, base_w = torch.randn(100, 256), torch.randn(384, 256)
+    a, b = choice.views_of((base_x, base_w))
+    assert torch.equal(a, base_x)
+    assert b.stride() == (1, 256) and torch.equal(b, base_w.t())

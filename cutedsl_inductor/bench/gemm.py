@@ -1,0 +1,169 @@
+"""``python -m cutedsl_inductor bench gemm``: our Hopper GEMM against cuBLAS and
+Inductor's best Triton template, per shape, measured in one run.
+
+Suite: squares 1024..8192 and LLM shapes M in {16, 64, 128, 256, 1024, 4096, 8192} x
+(N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}; bf16 and fp16;
+B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix ("nn").
+``--quick`` runs a small representative subset. For each shape: TFLOP/s of our best
+config (the heuristic's configs, each compiled through the template path and timed),
+of ``torch.mm`` (cuBLAS) and of Inductor's best Triton template
+(``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a PNG plot go to
+``--out``. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
+LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+LLM = [(m, n, k) for m in (16, 64, 128, 256, 1024, 4096, 8192) for n, k in LLM_NK]
+QUICK = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (128, 8192, 8192),
+         (16, 4096, 4096), (1024, 14336, 4096)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _median_ms(fn: Any) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[Any, Any]:
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    if layout == "nt":
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+    else:
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
+    return a, b
+
+
+def ours_best_ms(a: torch.Tensor, b: torch.Tensor) -> tuple[float, str]:
+    """Best time over the heuristic's configs, through the template (as Inductor runs it)."""
+    from torch._inductor import ir
+
+    from ..autotune.scratch import scratch_graph
+    from ..templates.gemm.template import gemm_choices
+
+    m, n = a.shape[0], b.shape[1]
+    with scratch_graph() as scratch:
+        nodes = [scratch.input(a.shape, a.dtype, a.stride()),
+                 scratch.input(b.shape, b.dtype, b.stride())]
+        layout = ir.FixedLayout(torch.device("cuda", 0), a.dtype, [m, n])
+        choices: list[Any] = []
+        gemm_choices(choices, "mm", nodes, layout)
+    out = torch.empty(m, n, device="cuda", dtype=a.dtype)
+    best = (math.inf, "none")
+    for choice in choices:
+        try:
+            run = choice.load().run
+            run(a, b, out)
+            best = min(best, (_median_ms(lambda: run(a, b, out)), choice.description))
+        except Exception as err:  # a failing config is reported, the others go on
+            print(f"  config failed: {choice.description}: {err}")
+    reference = (a.double() @ b.double())
+    error = ((out.double() - reference).norm() / reference.norm()).item()
+    if not error < 2e-2:
+        raise AssertionError(f"wrong result (relative error {error})")
+    return best
+
+
+def triton_best_ms(a: torch.Tensor, b: torch.Tensor) -> float:
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="TRITON",
+                                      fx_graph_cache=False):
+        fn = torch.compile(torch.mm)
+        fn(a, b)
+    return _median_ms(lambda: fn(a, b))
+
+
+def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
+              with_triton: bool) -> list[dict[str, Any]]:
+    rows = []
+    header = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':>7} "
+              f"{'Triton':>7} {'/cuBLAS':>8} {'/Triton':>8}  config")
+    print(header, flush=True)
+    for m, n, k in shapes:
+        for dt in dtypes:
+            for layout in layouts:
+                a, b = operands(m, n, k, DTYPES[dt], layout)
+                flops = 2 * m * n * k
+                ours_ms, cfg = ours_best_ms(a, b)
+                cublas_ms = _median_ms(lambda: torch.mm(a, b))
+                triton_ms = triton_best_ms(a, b) if with_triton else math.nan
+                row = dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg,
+                           ours=flops / ours_ms / 1e9, cublas=flops / cublas_ms / 1e9,
+                           triton=flops / triton_ms / 1e9)
+                row["vs_cublas"] = row["ours"] / row["cublas"]
+                row["vs_triton"] = row["ours"] / row["triton"]
+                rows.append(row)
+                print(f"{m:>6} {n:>7} {k:>6} {dt:>4} {layout:>3} {row['ours']:7.0f} "
+                      f"{row['cublas']:7.0f} {row['triton']:7.0f} {row['vs_cublas']:8.2f} "
+                      f"{row['vs_triton']:8.2f}  {cfg.removeprefix('CuteDSL sm90_gemm ')}",
+                      flush=True)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> str:
+    ratios = [r["vs_cublas"] for r in rows if r["vs_cublas"] > 0]
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    worst = min(rows, key=lambda r: r["vs_cublas"])
+    lines = [f"geomean vs cuBLAS {geomean:.3f} over {len(rows)} shapes; worst "
+             f"{worst['vs_cublas']:.2f} at {worst['m']}x{worst['n']}x{worst['k']} "
+             f"{worst['dtype']} {worst['layout']}"]
+    with_triton = [r for r in rows if not math.isnan(r["vs_triton"])]
+    if with_triton:
+        above = sum(r["vs_triton"] > 1 for r in with_triton)
+        lines.append(f"above Inductor's best Triton on {above} of {len(with_triton)} shapes")
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "gemm_bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return
+    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {r['layout']}" for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.6), 5))
+    for key, width in (("ours", -0.27), ("cublas", 0.0), ("triton", 0.27)):
+        ax.bar([x + width for x in xs], [r[key] for r in rows], width=0.27, label=key)
+    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "gemm_bench.png", dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench gemm")
+    parser.add_argument("--quick", action="store_true", help="a small representative subset")
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--layouts", default="nt,nn")
+    parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--out", default="bench-out")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench gemm needs an sm_90 GPU")
+        return 2
+    shapes = QUICK if args.quick else SQUARES + LLM
+    rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
+                     with_triton=not args.no_triton)
+    print(summarize(rows))
+    write_outputs(rows, Path(args.out))
+    return 0
