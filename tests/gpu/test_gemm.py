@@ -1,0 +1,154 @@
+"""The Hopper GEMM on an sm_90 GPU: correctness against float64 on fresh random inputs
+(tails, transposes, batches, bias/alpha/beta) and torch.compile end to end."""
+
+import random
+
+import pytest
+import torch
+
+from cutedsl_inductor import config
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = 1e-2  # relative Frobenius error for 16-bit operands and outputs
+
+
+def relative_error(out, ref):
+    assert not torch.isnan(out).any(), "NaN in the output"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1):
+    """Run the first ``configs`` GEMM choices directly, each into a NaN-poisoned output."""
+    from torch._inductor import ir
+
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.templates.gemm.template import gemm_choices
+
+    dtype = inputs[-1].dtype
+    with scratch_graph() as scratch:
+        nodes = [scratch.input(t.shape, t.dtype, t.stride()) for t in inputs]
+        layout = ir.FixedLayout(torch.device("cuda", 0), dtype, list(out_shape))
+        choices = []
+        gemm_choices(choices, op, nodes, layout, alpha=alpha, beta=beta)
+    assert choices, "no CuteDSL GEMM choice"
+    for choice in choices[:configs]:
+        out = torch.full(out_shape, float("nan"), device="cuda", dtype=dtype)
+        choice.load().run(*inputs, out)
+        torch.cuda.synchronize()
+        yield choice.description, out
+
+
+def operand_b(k, n, dtype, transposed):
+    return (torch.randn(n, k, device="cuda", dtype=dtype).t() if transposed
+            else torch.randn(k, n, device="cuda", dtype=dtype))
+
+
+CASES = [  # (M, N, K, dtype, A transposed, B transposed)
+    (1000, 1000, 1000, torch.bfloat16, False, False),
+    (129, 264, 72, torch.bfloat16, False, True),
+    (300, 256, 136, torch.float16, True, False),
+    (64, 128, 8, torch.bfloat16, True, True),
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,a_t,b_t", CASES)
+def test_mm_matches_float64(m, n, k, dtype, a_t, b_t):
+    a = torch.randn(k, m, device="cuda", dtype=dtype).t() if a_t else torch.randn(
+        m, k, device="cuda", dtype=dtype)
+    b = operand_b(k, n, dtype, b_t)
+    ref = a.double() @ b.double()
+    for description, out in template_outputs("mm", [a, b], (m, n), configs=2):
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
+def test_random_shapes_match_float64():
+    rng = random.Random()
+    for _ in range(3):
+        m, n, k = rng.randint(1, 2048), 8 * rng.randint(1, 256), 8 * rng.randint(1, 256)
+        dtype = rng.choice([torch.bfloat16, torch.float16])
+        a, b = torch.randn(m, k, device="cuda", dtype=dtype), operand_b(k, n, dtype, rng.random() < 0.5)
+        ref = a.double() @ b.double()
+        for description, out in template_outputs("mm", [a, b], (m, n)):
+            assert relative_error(out, ref) < TOLERANCE, f"{m}x{n}x{k} {description}"
+
+
+def test_bmm_matches_float64():
+    a = torch.randn(3, 200, 72, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 72, 136, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    for description, out in template_outputs("bmm", [a, b], (3, 200, 136)):
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
+def test_addmm_bias_alpha_beta_match_float64():
+    a = torch.randn(260, 128, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(128, 512, torch.bfloat16, True)
+    bias = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    ref = 2.0 * bias.double() + 0.5 * (a.double() @ b.double())
+    for description, out in template_outputs("addmm", [bias.expand(260, 512), a, b],
+                                              (260, 512), alpha=0.5, beta=2.0):
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
+# -- torch.compile end to end ------------------------------------------------------
+
+
+def compile_with(backends, fn, *args):
+    from torch._inductor import select_algorithm
+    from torch._inductor.utils import run_and_get_code
+
+    timings = {}
+
+    def save(choice_timings, name, *rest):
+        timings.update({c: t for c, t in choice_timings.items()})
+
+    select_algorithm.add_feedback_saver(save)
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends=backends,
+                                          fx_graph_cache=False), config.patch(gemm_max_configs=3):
+            result, codes = run_and_get_code(torch.compile(fn), *args)
+    finally:
+        select_algorithm.clear_feedback_savers()
+    return result, "\n".join(codes), timings
+
+
+def test_compile_picks_the_fastest_choice():
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    result, code, timings = compile_with("ATEN,CUTEDSL", lambda p, q: p @ q.t(), x, w)
+    assert relative_error(result, x.double() @ w.double().t()) < TOLERANCE
+    ours = {c: t for c, t in timings.items() if "CuteDSL" in (c.description or "")}
+    assert ours, "no CuteDSL choice was benchmarked"
+    assert all(t < float("inf") for t in ours.values()), ours
+    best = min(timings, key=timings.get)
+    assert ("cutedsl_sm90_gemm" in code) == (best in ours)
+
+
+@pytest.mark.parametrize("op", ["addmm", "bmm"])
+def test_compile_addmm_and_bmm_with_cutedsl_only(op):
+    if op == "addmm":
+        args = (torch.randn(768, device="cuda", dtype=torch.bfloat16),
+                torch.randn(512, 256, device="cuda", dtype=torch.bfloat16),
+                torch.randn(768, 256, device="cuda", dtype=torch.bfloat16))
+
+        def fn(bias, x, w):
+            return torch.addmm(bias, x, w.t(), beta=0.5, alpha=2.0)
+
+        ref = 0.5 * args[0].double() + 2.0 * (args[1].double() @ args[2].double().t())
+    else:
+        args = (torch.randn(4, 256, 128, device="cuda", dtype=torch.float16),
+                torch.randn(4, 128, 320, device="cuda", dtype=torch.float16))
+        fn = torch.bmm
+        ref = args[0].double() @ args[1].double()
+    result, code, _ = compile_with("CUTEDSL", fn, *args)
+    assert "cutedsl_sm90_gemm" in code
+    assert relative_error(result, ref) < TOLERANCE
+
+
+def test_compile_falls_back_where_it_does_not_apply():
+    x, w = (torch.randn(256, 256, device="cuda") for _ in range(2))
+    result, code, _ = compile_with("ATEN,CUTEDSL", torch.mm, x, w)
+    assert "cutedsl_sm90_gemm" not in code
+    torch.testing.assert_close(result, x @ w)
