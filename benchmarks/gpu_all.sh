@@ -21,7 +21,7 @@ for s in $steps; do
     precompiled)
       [ -d .device/precompiled ] && step precompiled env CUTEDSL_INDUCTOR_CACHE_DIR=.device/precompiled \
         python3 benchmarks/check_precompiled.py ;;
-    pytest) step pytest python3 -m pytest -m gpu -q tests -p no:cacheprovider ;;
+    pytest) step pytest python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ;;
     demo) step demo python3 -m cutedsl_inductor demo ;;
     launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \

@@ -123,8 +123,17 @@ def compile_entry(
                 else:
                     compiled = _compile(entry_fn, specs, arch, describe)
                     cache.store(key, compiled, describe | {"arch": arch})
-        _COMPILED[key] = compiled
+        _COMPILED[key] = compiled = plain_ffi_function(compiled)
         return compiled
+
+
+def plain_ffi_function(compiled: Any) -> Any:
+    """The bare ``tvm_ffi.Function`` inside a compiled function (it keeps the code
+    alive): calling it skips CuTe's Python keyword-argument wrapper, which costs
+    microseconds per launch. Disk-cache loads are bare functions already."""
+    unwrap = getattr(compiled, "__tvm_ffi_object__", None)
+    plain = unwrap() if unwrap is not None else None
+    return plain if plain is not None else compiled
 
 
 def compile_error(describe: dict[str, Any], arch: str, err: Exception) -> KernelCompileError:
