@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,17 +33,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def per_call_us(fn, calls: int) -> tuple[float, float]:
+def per_call_us(fn, calls: int = 400, rounds: int = 7) -> tuple[float, float]:
+    """Medians over ``rounds`` of ``calls`` back-to-back calls. ``calls`` stays under
+    the GPU's launch-queue depth (~1024), so the host never waits for the GPU and the
+    host figure is pure host time."""
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = time.perf_counter() - start
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    return host / calls * 1e6, wall / calls * 1e6
+    hosts, walls = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        hosts.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - start)
+    return (statistics.median(hosts) / calls * 1e6, statistics.median(walls) / calls * 1e6)
 
 
 def lowering_patch(template, **params):
@@ -77,7 +83,7 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
             wrapper = template.generate(input_nodes=[a, b], layout=a.get_layout(),
                                         THREADS=256, VECTOR=4).load()
         rows.append((f"CuteDSLKernelWrapper.run, {label} specs",
-                     *per_call_us(lambda: wrapper.run(x, y, out), 2000)))
+                     *per_call_us(lambda: wrapper.run(x, y, out))))
 
     def add(p, q):
         return p + q
@@ -88,12 +94,12 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
     ):
         ours = torch.compile(add)
         ours(x, y)
-    rows.append(("compiled graph, CuteDSL kernel", *per_call_us(lambda: ours(x, y), 2000)))
+    rows.append(("compiled graph, CuteDSL kernel", *per_call_us(lambda: ours(x, y))))
     torch._dynamo.reset()
     triton_fn = torch.compile(add)
     triton_fn(x, y)
-    rows.append(("compiled graph, Inductor Triton", *per_call_us(lambda: triton_fn(x, y), 2000)))
-    rows.append(("eager torch add", *per_call_us(lambda: add(x, y), 2000)))
+    rows.append(("compiled graph, Inductor Triton", *per_call_us(lambda: triton_fn(x, y))))
+    rows.append(("eager torch add", *per_call_us(lambda: add(x, y))))
     rows += upstream_rows(x, y)
     return rows
 
@@ -122,7 +128,7 @@ def upstream_rows(x, y) -> list[tuple[str, float, float]]:
         ):
             fn = torch.compile(lambda p, q: p + q)
             fn(x, y)
-        return [("compiled graph, upstream in-tree CuteDSL", *per_call_us(lambda: fn(x, y), 50))]
+        return [("compiled graph, upstream in-tree CuteDSL", *per_call_us(lambda: fn(x, y), calls=20, rounds=3))]
     finally:
         device_codegens.update(saved)
 
@@ -187,15 +193,22 @@ def startup_rows() -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--steady-only", action="store_true", help="skip the startup runs")
     args = parser.parse_args()
     rows = steady_state_rows()
-    startup = startup_rows()
+    startup = {} if args.steady_only else startup_rows()
     print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} {'sync us/call':>12s}")
     for name, host, wall in rows:
         print(f"{name:44s} {host:12.1f} {wall:12.1f}")
     triton = next(r for r in rows if "Triton" in r[0])
     ours = next(r for r in rows if "CuteDSL kernel" in r[0])
     print(f"{'ratio in-graph CuteDSL / Triton (host)':44s} {ours[1] / triton[1]:12.2f}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "launch_overhead.json").write_text(
+            json.dumps({"rows": rows, "startup": startup}, indent=1))
+    if not startup:
+        return
     print("\nthree-choice autotuned example (max-autotune), new process each:")
     for phase in ("cold", "warm"):
         r = startup[phase]
@@ -207,10 +220,6 @@ def main() -> None:
     print(f"loading {len(load['load_ms'])} cached kernels in a new process: compilations "
           f"{load['compiled']}, first {load['load_ms'][0]:.1f} ms (one-time runtime libraries),"
           f" then median {rest[len(rest) // 2]:.2f} ms, max {rest[-1]:.2f} ms per kernel")
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "launch_overhead.json").write_text(
-            json.dumps({"rows": rows, "startup": startup}, indent=1))
 
 
 if __name__ == "__main__":
