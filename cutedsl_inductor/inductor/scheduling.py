@@ -90,8 +90,6 @@ class CuteDSLScheduling(BaseScheduling):
         if source in wrapper.src_to_kernel:
             return wrapper.src_to_kernel[source]
         wrapper.src_to_kernel[source] = kernel_name
-        if "'''" in source:
-            raise ValueError(f"CuteDSL kernel {kernel_name}: source may not contain '''")
         wrapper.add_import_once("from cutedsl_inductor.runtime.loader import load_kernel")
         wrapper.add_import_once(
             "from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec"
@@ -121,18 +119,13 @@ class CuteDSLCombinedScheduling(CUDACombinedScheduling):
         super().__init__(scheduler)
         self._cutedsl = CuteDSLScheduling(scheduler)
 
-    def choose_node_backend(self, node: Any) -> Any:
-        if is_cutedsl_template(node):
-            return self._cutedsl
-        return super().choose_node_backend(node)
-
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
-        if is_cutedsl_template(node1) or is_cutedsl_template(node2):
+        if _involves_cutedsl(node1, node2):
             return self._cutedsl.can_fuse_vertical(node1, node2)
         return super().can_fuse_vertical(node1, node2)
 
     def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
-        if any(is_cutedsl_template(n) for n in (node1, node2, *_subnodes(node1), *_subnodes(node2))):
+        if _involves_cutedsl(node1, node2):
             return self._cutedsl.can_fuse_horizontal(node1, node2)
         return super().can_fuse_horizontal(node1, node2)
 
@@ -144,8 +137,9 @@ class CuteDSLCombinedScheduling(CUDACombinedScheduling):
                                         *args, **kwargs)
 
 
-def _subnodes(node: Any) -> list[Any]:
-    return list(node.get_nodes()) if hasattr(node, "get_nodes") else []
+def _involves_cutedsl(*nodes: Any) -> bool:
+    """Whether a (possibly fused) scheduler node contains one of our templates."""
+    return any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
 
 
 def install() -> None:

@@ -182,3 +182,13 @@ def test_torch_logs_show_source_and_path(tmp_path):
     logs = run.stdout + run.stderr
     assert "load_kernel(" in logs and "@cute.kernel" in logs
     assert "# kernel path: " in logs and "CuteDSL kernel cutedsl_elementwise_add_" in logs
+
+
+def test_consumer_of_a_template_stays_a_separate_kernel():
+    from cutedsl_inductor.templates.elementwise import add_template
+
+    x, y = (torch.randn(512, 256, device="cuda") for _ in range(2))
+    with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
+        result, code = compile_and_run(lambda a, b: torch.relu(a + b) * 2, x, y)
+    torch.testing.assert_close(result, torch.relu(x + y) * 2, rtol=0, atol=0)
+    assert "cutedsl_elementwise_add_" in code and "triton_poi_fused" in code
