@@ -45,6 +45,13 @@ class TemplateRenderError(CuteDSLInductorError):
     )
 
 
+class ChoiceError(CuteDSLInductorError):
+    message = (
+        "CuteDSL template {template!r} could not make a choice with parameters "
+        "[{params}]: {cause}"
+    )
+
+
 class GeneratedCodeError(CuteDSLInductorError):
     message = (
         "CuteDSL template {template!r} with parameters [{params}] rendered invalid "

@@ -30,6 +30,7 @@ from torch._inductor.virtualized import V
 
 from ..compile.specs import specs_for_nodes
 from ..exc import (
+    ChoiceError,
     CuteDSLInductorError,
     GeneratedCodeError,
     TemplateRegistryError,
@@ -40,6 +41,9 @@ from .caller import CuteDSLTemplateCaller, InputView
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
+
+GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs")
+
 
 class CuteDSLTemplate:
     all_templates: ClassVar[dict[str, "CuteDSLTemplate"]] = {}
@@ -64,10 +68,16 @@ class CuteDSLTemplate:
         self.all_templates[name] = self
 
     def maybe_append_choice(self, choices: list[Any], **kwargs: Any) -> Exception | None:
+        """Append ``generate(**kwargs)`` to ``choices``; on failure log it and return
+        the error (a ``CuteDSLInductorError``) instead."""
         try:
             choices.append(self.generate(**kwargs))
             return None
-        except (CuteDSLInductorError, NotImplementedError) as err:
+        except Exception as err:
+            if not isinstance(err, CuteDSLInductorError):
+                params = {k: v for k, v in kwargs.items() if k not in GENERATE_ARGUMENTS}
+                err = ChoiceError(template=self.name, params=format_params(params),
+                                  cause=f"{type(err).__name__}: {err}")
             log.warning("dropping CuteDSL choice: %s", err)
             return err
 
@@ -96,7 +106,8 @@ class CuteDSLTemplate:
         _check_python(self.name, params, source)
         nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, self.symbolic_shapes)
-        extra_args = [V.graph.sizevars.optimization_hint(n) for n in nodes if not hasattr(n, "get_size")]
+        hint = V.graph.sizevars.optimization_hint
+        extra_args = [hint(n) for n in nodes if not hasattr(n, "get_size")]
         return CuteDSLTemplateCaller(
             name=kernel_name,
             input_nodes=input_nodes,

@@ -112,3 +112,11 @@ def test_benchmark_tensors_become_the_choice_views(graph):
     a, b = choice.views_of((base_x, base_w))
     assert torch.equal(a, base_x)
     assert b.stride() == (1, 256) and torch.equal(b, base_w.t())
+
+
+def test_any_generate_failure_is_returned_not_raised(graph):
+    template = CuteDSLTemplate("bad_input_node", "{{def_kernel('a', 'b')}}\n    pass\n")
+    choices = []
+    err = template.maybe_append_choice(choices, input_nodes=["not an IR node"],
+                                       layout=make_layout((4, 4)), BLOCK=4)
+    assert choices == [] and "'bad_input_node'" in str(err) and "BLOCK=4" in str(err)
