@@ -4,7 +4,8 @@ Inductor's best Triton template, per shape, measured in one run.
 Suite: squares 1024..8192 and LLM shapes M in {16, 64, 128, 256, 1024, 4096, 8192} x
 (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}; bf16 and fp16;
 B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix ("nn").
-``--quick`` runs a small representative subset. For each shape: TFLOP/s of our best
+``--quick`` runs a small representative subset; ``--shard K/N`` splits the suite
+across several runs (each writes its own CSV). For each shape: TFLOP/s of our best
 config (the heuristic's configs, each compiled through the template path and timed),
 of ``torch.mm`` (cuBLAS) and of Inductor's best Triton template
 (``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a PNG plot go to
@@ -156,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--layouts", default="nt,nn")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--shard", default="1/1",
+                        help="K/N: run every N-th shape starting at the K-th (split long suites)")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
         return 2
-    shapes = QUICK if args.quick else SQUARES + LLM
+    index, count = (int(x) for x in args.shard.split("/"))
+    shapes = (QUICK if args.quick else SQUARES + LLM)[index - 1::count]
     rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
                      with_triton=not args.no_triton)
     print(summarize(rows))
