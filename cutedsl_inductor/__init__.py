@@ -8,6 +8,7 @@ scheduling, output code) -> ``compile`` (specs, compile-once, disk cache) -> ``r
 
 __version__ = "0.1.0"
 
+from .autotune.select import autotune_select_algorithm
 from .inductor.ir import CuteDSLTemplateBuffer
 from .inductor.scheduling import CuteDSLCombinedScheduling, CuteDSLScheduling, install
 from .runtime.wrapper import CuteDSLKernelWrapper
@@ -25,5 +26,6 @@ __all__ = [
     "CuteDSLTemplateBuffer",
     "CuteDSLTemplateCaller",
     "CuteDSLTemplateKernel",
+    "autotune_select_algorithm",
     "install",
 ]

@@ -126,14 +126,14 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def lower_add(a: Any, b: Any) -> Any:
     """Inductor lowering of ``cutedsl::add``: the template's choices and ATen's add."""
     from torch._inductor import ir
-    from torch._inductor.select_algorithm import autotune_select_algorithm
+
+    from ..autotune.select import autotune_select_algorithm
 
     a, b = (ir.ExternKernel.require_contiguous(n) for n in (a, b))
     layout = ir.FixedLayout(a.get_device(), a.get_dtype(), a.get_size())
     choices: list[Any] = [aten_add.bind([a, b], layout)]
     add_choices(choices, a, b, layout)
-    selected = autotune_select_algorithm("cutedsl_add", choices, [a, b], layout)
-    return selected[0] if isinstance(selected, tuple) else selected  # torch 2.13: (node, choice)
+    return autotune_select_algorithm("cutedsl_add", choices, [a, b], layout)
 
 
 def register_add_op() -> None:
