@@ -38,17 +38,14 @@ import torch
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import OpsValue, V
 
+from .defines import cutlass_dtype_name
+
 LoadValue = Callable[[str, Any], Union[str, tuple[str, torch.dtype]]]
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 _FLOATS = (torch.float32, *_FLOAT16)
-_CUTLASS_TYPE = {
-    torch.float32: "cutlass.Float32",
-    torch.bfloat16: "cutlass.BFloat16",
-    torch.float16: "cutlass.Float16",
-    torch.int32: "cutlass.Int32",
-    torch.bool: "cutlass.Boolean",
-}
+# the dtypes a translated value may have (names from ``defines.cutlass_dtype_name``)
+_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.bool)
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 
 
@@ -109,11 +106,9 @@ class PointwiseToCuteDSL(DefaultHandler):
             return self._emit(f"cutlass.Float32({text})", torch.float32, value)
         if dtype == torch.bool:
             return self._emit(f"cutlass.Boolean({bool(value)})", torch.bool, bool(value))
-        if dtype in (torch.int32, torch.int64) and isinstance(value, (bool, int)):
+        if dtype == torch.int32 and isinstance(value, (bool, int)):
             if not _INT32_RANGE[0] <= int(value) <= _INT32_RANGE[1]:
                 raise _unsupported(op, f"integer constant {value} does not fit int32")
-            if dtype == torch.int64:
-                raise _unsupported(op, "int64 values")
             return self._emit(f"cutlass.Int32({int(value)})", torch.int32, int(value))
         raise _unsupported(op, f"constant of dtype {dtype}")
 
@@ -149,9 +144,10 @@ class PointwiseToCuteDSL(DefaultHandler):
             x = self._to(x, torch.float32)
         elif dtype == torch.int32 and src in _FLOAT16:
             x = self._to(x, torch.float32)
-        return self._emit(f"{x}.to({_CUTLASS_TYPE[dtype]})", dtype)
+        return self._emit(f"{x}.to({cutlass_dtype_name(dtype)})", dtype)
 
-    def _promote(self, op: str, *args: Any, allow_bool: bool = False) -> tuple[list[str], torch.dtype]:
+    def _promote(self, op: str, *args: Any,
+                 allow_bool: bool = False) -> tuple[list[str], torch.dtype]:
         """Operands converted to one compute dtype: float32 if any is a float, else
         int32 if any is an int, else bool (only where ``allow_bool``)."""
         args = tuple(a.value if isinstance(a, OpsValue) else a for a in args)
@@ -190,7 +186,7 @@ class PointwiseToCuteDSL(DefaultHandler):
     def load(self, name: str, index: Any) -> str:
         got = self.load_value(name, index)
         expr, dtype = got if isinstance(got, tuple) else (got, torch.float32)
-        if dtype not in _CUTLASS_TYPE:
+        if dtype not in _SUPPORTED:
             raise _unsupported("load", f"buffer {name} of dtype {dtype}")
         if dtype in _FLOAT16:  # 16-bit values are computed in fp32
             return self._emit(f"({expr}).to(cutlass.Float32)", torch.float32)
@@ -208,7 +204,7 @@ class PointwiseToCuteDSL(DefaultHandler):
 
     def to_dtype(self, x: Any, dtype: torch.dtype, src_dtype: Any = None,
                  use_compute_types: bool = True) -> str:
-        if dtype not in _CUTLASS_TYPE:
+        if dtype not in _SUPPORTED:
             raise _unsupported("to_dtype", f"target dtype {dtype}")
         return self._to(self._temp("to_dtype", x, dtype), dtype)
 
@@ -317,7 +313,7 @@ class PointwiseToCuteDSL(DefaultHandler):
         (a, b), dtype = self._promote("where", a, b, allow_bool=True)
         if cond in self._const:  # select_ needs a dynamic condition
             return a if self._const[cond] else b
-        return self._emit(f"{_CUTLASS_TYPE[dtype]}(cutlass.select_({cond}, {a}, {b}))",
+        return self._emit(f"{cutlass_dtype_name(dtype)}(cutlass.select_({cond}, {a}, {b}))",
                           dtype)
 
     # -- explicitly not fusable ------------------------------------------------------------
