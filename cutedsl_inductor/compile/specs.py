@@ -119,7 +119,7 @@ def _dim(expr: Any, symbolic: bool, fresh_name: str) -> Dim:
     return Sym(str(expr), divisibility)
 
 
-def _is_aligned(node: Any) -> bool:
+def is_aligned(node: Any) -> bool:
     """Inductor guarantees 16-byte alignment for its buffers and for graph inputs not in
     ``unaligned_buffers`` (it copies those when misaligned); views add their offset."""
     from torch._inductor.virtualized import V
@@ -144,7 +144,7 @@ def tensor_spec(node: Any, *, symbolic: bool, index: int) -> TensorSpec:
     stride = tuple(
         _dim(s, symbolic, f"a{index}_stride{d}") for d, s in enumerate(node.get_stride())
     )
-    align = GPU_ALIGN_BYTES if _is_aligned(node) else dtype.itemsize
+    align = GPU_ALIGN_BYTES if is_aligned(node) else dtype.itemsize
     return TensorSpec(str(dtype).removeprefix("torch."), shape, stride, align)
 
 

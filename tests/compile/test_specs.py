@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from cutedsl_inductor.compile.specs import (

@@ -1,6 +1,5 @@
 import jinja2
 import pytest
-import torch
 
 from cutedsl_inductor import config
 from cutedsl_inductor.template.kernel import CuteDSLTemplateKernel, name_kernel

@@ -19,11 +19,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 
 from ... import config
 from ...compile.compiler import target_arch
-from ...compile.specs import GPU_ALIGN_BYTES
+from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
 from .sm90_gemm import DEFAULT_CONFIGS, Sm90Gemm, pick_configs
 
@@ -74,56 +73,47 @@ def _operand_layout(node: Any, unit_last: str, unit_second: str) -> tuple[str | 
     return None, None
 
 
-def why_not_gemm(nodes: list[Any], layout: Any) -> str | None:
+def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(``Sm90Gemm.why_not`` arguments, None) for a problem the kernel can run, else
+    (None, the reason)."""
     from torch._inductor.virtualized import V
 
-    if not target_arch().startswith("sm_90"):
-        return f"target {target_arch()} is not sm_90"
     a, b = nodes[-2], nodes[-1]
+    if not target_arch().startswith("sm_90"):
+        return None, f"target {target_arch()} is not sm_90"
     if a.get_device().type != "cuda":
-        return "not a CUDA tensor"
+        return None, "not a CUDA tensor"
     if layout.dtype != a.get_dtype():
-        return f"output dtype {layout.dtype} differs from operand dtype {a.get_dtype()}"
-    for node in (*nodes, layout):
-        offset = node.offset if node is layout else node.get_layout().offset
-        itemsize = (layout.dtype if node is layout else node.get_dtype()).itemsize
-        if not V.graph.sizevars.statically_known_true(offset * itemsize % GPU_ALIGN_BYTES == 0):
-            return "an operand is not 16-byte aligned"
-        if node is not layout and node.get_name() in V.graph.unaligned_buffers:
-            return "an input may be misaligned"
-    return None
+        return None, f"output dtype {layout.dtype} differs from operand dtype {a.get_dtype()}"
+    if not all(is_aligned(node) for node in nodes):
+        return None, "an operand may not be 16-byte aligned"
+    a_major, lda = _operand_layout(a, "k", "m")
+    b_major, ldb = _operand_layout(b, "n", "k")
+    if a_major is None or b_major is None:
+        return None, "an operand has no unit-stride dimension"
+    hint = V.graph.sizevars.optimization_hint
+    *batch, m, k = a.get_size()
+    problem = dict(
+        a_dtype=a.get_dtype(), b_dtype=b.get_dtype(), out_dtype=layout.dtype,
+        a_major=a_major, b_major=b_major, m=hint(m), n=hint(b.get_size()[-1]), k=hint(k),
+        l=hint(batch[0]) if batch else 1, lda=hint(lda), ldb=hint(ldb),
+        ldc=hint(layout.stride[-2]),
+        batch_strides=tuple(hint(x) for x in (a.get_stride()[0], b.get_stride()[0],
+                                              layout.stride[0])) if batch else None,
+    )
+    return problem, Sm90Gemm.why_not(**problem)
 
 
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
                  alpha: float = 1.0, beta: float = 0.0) -> None:
     """Append the Hopper GEMM's choices for ``op`` (see the module docstring)."""
-    from torch._inductor.virtualized import V
-
-    reason = why_not_gemm(nodes, layout)
-    a, b = nodes[-2], nodes[-1]
-    a_major, lda = _operand_layout(a, "k", "m")
-    b_major, ldb = _operand_layout(b, "n", "k")
-    if reason is None and (a_major is None or b_major is None):
-        reason = "an operand has no unit-stride dimension"
-    if reason is not None:
-        log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
-        return
-    hint = V.graph.sizevars.optimization_hint
-    *batch, m, k = a.get_size()
-    m, k = hint(m), hint(k)
-    n, l = hint(b.get_size()[-1]), (hint(batch[0]) if batch else 1)
-    problem = dict(a_dtype=a.get_dtype(), b_dtype=b.get_dtype(), out_dtype=layout.dtype,
-                   a_major=a_major, b_major=b_major, m=m, n=n, k=k, l=l, lda=hint(lda),
-                   ldb=hint(ldb), ldc=hint(layout.stride[-2]),
-                   batch_strides=tuple(hint(x.get_stride()[0]) for x in (a, b)) + (
-                       hint(layout.stride[0]),) if batch else None)
-    reason = Sm90Gemm.why_not(**problem)
+    problem, reason = gemm_problem(nodes, layout)
     if reason is not None:
         log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
         return
     max_configs = len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive else config.gemm_max_configs
-    configs = pick_configs(m, n, k, a.get_dtype(), max_configs=max_configs, l=l,
-                           out_dtype=layout.dtype)
+    configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
+                           max_configs=max_configs, l=problem["l"], out_dtype=layout.dtype)
     for cfg in configs:
         if Sm90Gemm.why_not(**problem, config=cfg):
             continue
