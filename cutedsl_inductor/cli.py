@@ -2,7 +2,8 @@
 
   demo                         the main job (see ``cutedsl_inductor.demo``)
   cache info | cache clear     what the kernel cache holds / empty it
-  precompile [--arch sm_90a]   compile the built-in templates' default choices into the
+  precompile [--arch sm_90a] [--templates elementwise,gemm]
+                               compile the built-in templates' default choices into the
                                cache, GPU or not
   bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from .autotune.precompile import BUILTIN_TEMPLATES
 
 
 def _cache(args: argparse.Namespace) -> int:
@@ -35,7 +38,7 @@ def _cache(args: argparse.Namespace) -> int:
 def _precompile(args: argparse.Namespace) -> int:
     from .autotune.precompile import precompile
 
-    summary = precompile(args.arch)
+    summary = precompile(args.arch, tuple(args.templates.split(",")))
     print(summary)
     return 1 if summary.failed else 0
 
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.set_defaults(run=_cache)
     pre = commands.add_parser("precompile", help="fill the kernel cache, GPU or not")
     pre.add_argument("--arch", default="sm_90a")
+    pre.add_argument("--templates", default=",".join(BUILTIN_TEMPLATES),
+                     help="comma-separated built-in templates (default: all)")
     pre.set_defaults(run=_precompile)
     commands.add_parser("bench", help="bench gemm [--quick] [--out DIR]: see bench/gemm.py")
     args = parser.parse_args(argv)

@@ -53,7 +53,7 @@ def demo_cpu() -> None:
 
     print("No CUDA GPU here: compiling the same CuteDSL template choices for sm_90a "
           "without a GPU (real CuTe DSL compiler, real cubins).")
-    summary = precompile("sm_90a")
+    summary = precompile("sm_90a", templates=("elementwise",))
     print(summary)
     _show_cache()
     print("\nNothing ran on a GPU. On an sm_90 machine with the same cache directory "

@@ -23,7 +23,11 @@ from .. import config
 from ..compile import compiler
 from .scratch import scratch_graph
 
-BUILTIN_TEMPLATE_MODULES = ("cutedsl_inductor.templates.elementwise",)
+# short name -> module offering ``precompile_choices(scratch)``
+BUILTIN_TEMPLATES = {
+    "elementwise": "cutedsl_inductor.templates.elementwise",
+    "gemm": "cutedsl_inductor.templates.gemm.template",
+}
 
 
 @dataclasses.dataclass
@@ -42,7 +46,7 @@ class PrecompileSummary:
         return "\n".join(lines)
 
 
-def precompile(arch: str, modules: tuple[str, ...] = BUILTIN_TEMPLATE_MODULES,
+def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
                progress: bool = True) -> PrecompileSummary:
     from tqdm import tqdm
 
@@ -50,8 +54,9 @@ def precompile(arch: str, modules: tuple[str, ...] = BUILTIN_TEMPLATE_MODULES,
     start = time.perf_counter()
     with config.patch(arch=arch, disk_cache=True), scratch_graph() as scratch:
         choices: list[Any] = []
-        for name in modules:
-            choices += importlib.import_module(name).precompile_choices(scratch)
+        for name in templates:
+            module = importlib.import_module(BUILTIN_TEMPLATES[name])
+            choices += module.precompile_choices(scratch)
         for choice in tqdm(choices, desc=f"precompile {arch}", unit="kernel",
                            disable=not progress):
             before = dict(compiler.stats)

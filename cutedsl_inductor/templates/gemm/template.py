@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 
 from ... import config
 from ...compile.compiler import target_arch
@@ -121,3 +123,31 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
             choices, input_nodes=nodes, layout=layout,
             **_params(cfg, op == "addmm", alpha, beta),
         )
+
+
+PRECOMPILE_SHAPE = (4096, 4096, 4096)
+
+
+def precompile_choices(scratch: Any) -> list[Any]:
+    """The default choices for a problem whose sizes and strides are multiples of 16
+    (the common class; others compile on first use): mm with B row-major and transposed
+    (an nn.Linear weight), for bf16 and fp16; addmm with a bias vector and bmm, bf16."""
+    from torch._inductor import ir
+
+    m, n, k = PRECOMPILE_SHAPE
+
+    def output(dtype: torch.dtype, *size: int) -> Any:
+        return ir.FixedLayout(torch.device("cuda", 0), dtype, list(size))
+
+    choices: list[Any] = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for b_stride in ((n, 1), (1, k)):
+            a, b = scratch.input((m, k), dtype), scratch.input((k, n), dtype, b_stride)
+            gemm_choices(choices, "mm", [a, b], output(dtype, m, n))
+    bf16 = torch.bfloat16
+    a, w_t = scratch.input((m, k), bf16), scratch.input((k, n), bf16, (1, k))
+    bias = scratch.input((m, n), bf16, (0, 1))
+    gemm_choices(choices, "addmm", [bias, a, w_t], output(bf16, m, n), alpha=1.0, beta=1.0)
+    a3, b3 = scratch.input((4, m // 4, k), bf16), scratch.input((4, k, n), bf16)
+    gemm_choices(choices, "bmm", [a3, b3], output(bf16, 4, m // 4, n))
+    return choices

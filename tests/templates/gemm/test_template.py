@@ -26,3 +26,16 @@ def test_first_choice_compiles_with_symbolic_shapes(graph, op):
     assert all(isinstance(d, Sym) for d in out_spec.shape)
     assert "Sm90Gemm(" in choice.source
     assert isinstance(choice.load().kernel_fn, tvm_ffi.Function)
+
+
+def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.templates.gemm.template import precompile_choices
+
+    with scratch_graph() as scratch:
+        choices = precompile_choices(scratch)
+    dtypes = {spec.dtype for c in choices for spec in c.specs[:1]}
+    assert dtypes == {"bfloat16", "float16"}
+    assert any(c.params["HAS_BIAS"] for c in choices)
+    assert any(len(c.specs[0].shape) == 3 for c in choices)
+    assert len({c.hash_key() for c in choices}) == len(choices)
