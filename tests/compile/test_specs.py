@@ -61,3 +61,16 @@ def test_mismatch_reports_the_first_problem():
     assert "expected a CUDA tensor" in mismatch([spec], (cpu,))
     assert "dtype torch.float16" in mismatch([spec], (cpu.half(),))
     assert "expected an int" in mismatch([ScalarSpec()], (cpu,))
+
+
+def test_inductor_dynamic_sizes_become_shared_runtime_symbols(graph):
+    import sympy
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    a = make_input(graph, "arg0_1", (s0, 64), torch.float32)
+    b = make_input(graph, "arg1_1", (s0, 64), torch.float32)
+    spec_a, spec_b = (tensor_spec(n, symbolic=False, index=i) for i, n in enumerate((a, b)))
+    assert spec_a.shape == (Sym("s0", 1), 64) and spec_a.stride == (64, 1)
+    assert spec_a.shape[0] == spec_b.shape[0]
+    fake_a, fake_b = fake_arguments([spec_a, spec_b])
+    assert fake_a.shape[0] is fake_b.shape[0]
