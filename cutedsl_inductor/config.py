@@ -12,6 +12,7 @@ entry_suffix         CUTEDSL_INDUCTOR_ENTRY_SUFFIX            "main"
 compile_options      CUTEDSL_INDUCTOR_COMPILE_OPTIONS         ""
 gemm_max_configs     CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS        8
 gemm_exhaustive      CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE         False
+epilogue_fusion      CUTEDSL_INDUCTOR_EPILOGUE_FUSION         False (not yet verified on a GPU)
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ compile_options: str = os.environ.get("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "")
 # How many GEMM configs the heuristic offers per shape, and whether to offer all.
 gemm_max_configs: int = _env_int("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8)
 gemm_exhaustive: bool = _env_bool("CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False)
+# Fuse pointwise consumers into templates that define an epilogue (``def_epilogue``).
+epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
 
 
 @contextlib.contextmanager
@@ -74,9 +77,11 @@ _KNOBS = (
     "compile_options",
     "gemm_max_configs",
     "gemm_exhaustive",
+    "epilogue_fusion",
 )
 
 
 def snapshot() -> dict[str, Any]:
     """The knobs that change generated code or binaries (goes into cache keys)."""
-    return {"entry_suffix": entry_suffix, "compile_options": compile_options}
+    return {"entry_suffix": entry_suffix, "compile_options": compile_options,
+            "epilogue_fusion": epilogue_fusion}

@@ -13,8 +13,9 @@ The output code gets one definition per kernel::
 and a call ``cutedsl_<template>_<hash>.run(<args>, stream=streamN)``. The source is
 also written to a real ``.py`` file, whose path the definition's comment names.
 
-Fusion: until templates declare epilogue hooks, every fusion question involving one of
-our nodes is answered "no" (vertical and horizontal), on every supported torch.
+Fusion: with ``config.epilogue_fusion`` on, a pointwise consumer fuses into a template
+that defines an epilogue (``template/epilogue.py``); every other fusion question about
+our nodes is answered "no", on every supported torch.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedSchedul
 from torch._inductor.scheduler import BaseScheduling, SchedulerNode
 from torch._inductor.utils import get_kernel_metadata
 from torch._inductor.virtualized import V
+from torch.utils._ordered_set import OrderedSet
 
+from .. import config
 from ..compile.specs import ArgSpec, specs_for_nodes
 from ..runtime.loader import write_source
+from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
 from .ir import CuteDSLTemplateBuffer
 
@@ -41,15 +45,37 @@ def is_cutedsl_template(node: Any) -> bool:
 class CuteDSLScheduling(BaseScheduling):
     @classmethod
     def get_backend_features(cls, device: Any) -> Any:
-        from torch.utils._ordered_set import OrderedSet
-
         return OrderedSet()
 
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
-        return False
+        """A pointwise consumer joins a template's epilogue (``config.epilogue_fusion``)
+        when the template defines one, every buffer the fused kernel would no longer
+        write is used only inside it, and the consumer translates."""
+        return config.epilogue_fusion and self.epilogue_plan(
+            [*node1.get_nodes(), *node2.get_nodes()]) is not None
 
     def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
         return False
+
+    def epilogue_plan(self, nodes: list[Any]) -> EpiloguePlan | None:
+        """The plan for a template node followed by pointwise consumer nodes, or None."""
+        template_node, *consumers = nodes
+        if not is_cutedsl_template(template_node) or not consumers:
+            return None
+        if not template_node.node.template.supports_epilogue:
+            return None
+        if any(not isinstance(n, SchedulerNode) or n.is_template() or n.is_reduction()
+               for n in consumers):
+            return None
+        group = OrderedSet(n.get_name() for n in nodes)
+        for node in nodes[:-1]:  # only the last node's buffer is written
+            if not all(self.scheduler.can_buffer_be_removed_through_fusion(name, group)
+                       for name in node.get_buffer_names()):
+                return None
+        try:
+            return plan_epilogue(template_node.node, [n.node for n in consumers])
+        except NotImplementedError:
+            return None
 
     def codegen_template(
         self,
@@ -59,11 +85,19 @@ class CuteDSLScheduling(BaseScheduling):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        if epilogue_nodes or prologue_nodes:
-            raise NotImplementedError("CuteDSL templates do not fuse epilogues yet")
+        if prologue_nodes:
+            raise NotImplementedError("CuteDSL templates do not fuse prologues")
         buffer: CuteDSLTemplateBuffer = template_node.node
-        kernel, render = buffer.make_kernel_render(buffer)
-        template_node.mark_run()
+        plan = IDENTITY
+        if epilogue_nodes:
+            for node in epilogue_nodes:
+                node.node.freeze_layout()
+            plan = self.epilogue_plan([template_node, *epilogue_nodes])
+            if plan is None:
+                raise NotImplementedError("the fused epilogue no longer translates")
+        kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
+        for node in (template_node, *epilogue_nodes):
+            node.mark_run()
         kernel_name, source = name_kernel(buffer.template.name, render())
         nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, buffer.template.symbolic_shapes)
@@ -75,7 +109,7 @@ class CuteDSLScheduling(BaseScheduling):
                 triton=True,
                 arg_types=[n.get_dtype() if hasattr(n, "get_dtype") else int for n in nodes],
             )
-        V.graph.removed_buffers |= kernel.removed_buffers
+        V.graph.removed_buffers |= kernel.removed_buffers | OrderedSet(plan.fused_names)
         self.free_buffers_in_scheduler()
 
     def define_kernel(

@@ -24,6 +24,7 @@ from torch._inductor import ir
 from ..compile.specs import ArgSpec, specs_key
 from ..exc import format_params
 from ..inductor.ir import CuteDSLTemplateBuffer
+from .epilogue import IDENTITY, EpiloguePlan
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,10 @@ class KernelRender:
         self.input_nodes = input_nodes
         self.params = params
 
-    def __call__(self, out_node: Any, hint_override: int | None = None) -> tuple[Any, Any]:
+    def __call__(self, out_node: Any, hint_override: int | None = None,
+                 epilogue: EpiloguePlan = IDENTITY) -> tuple[Any, Any]:
         kernel = CuteDSLTemplateKernel(
-            KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params
+            KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params, epilogue
         )
         return kernel, functools.partial(self.template.render, kernel)
 

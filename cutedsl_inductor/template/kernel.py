@@ -15,6 +15,11 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
   ``{{get_output()}}``          the entry's name for the output tensor
   ``{{size("a", 0)}}``, ``{{stride("a", 1)}}``  sizes/strides as Python expressions
                                 (an int, or Inductor's symbol for dynamic shapes)
+  ``{{def_epilogue()}}``        defines ``<kernel_name>_epilogue(value, c0, .., extras)``:
+                                call it on each fp32 output value with the element's
+                                coordinates (outermost first) before the store; it applies
+                                the fused pointwise epilogue (identity when none)
+  ``{{epilogue_inputs()}}``     the ``extras`` tuple to pass it, built in the entry
 
 Invariants: rendering is pure (no global counters); the same template, parameters and
 input layouts give the same text. ``def_kernel`` is a placeholder filled in by
@@ -32,6 +37,7 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from .defines import gen_defines
+from .epilogue import IDENTITY, EpiloguePlan
 
 DEF_KERNEL_PLACEHOLDER = "<DEF_KERNEL>"
 KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
@@ -82,12 +88,16 @@ class CuteDSLTemplateKernel(Kernel):
         input_nodes: list[Any],
         output_node: Any,
         params: dict[str, Any] | None = None,
+        epilogue: EpiloguePlan = IDENTITY,
     ) -> None:
         super().__init__()
         self.kernel_name = kernel_name
         self.input_nodes = list(input_nodes)
-        self.output_node = output_node
+        # a fused epilogue writes its own buffer instead of the template's output
+        self.output_node = epilogue.output if epilogue.output is not None else output_node
+        self.output_rank = len(output_node.get_size()) if output_node is not None else 0
         self.params = dict(params or {})
+        self.epilogue = epilogue
         # (parameter name in the entry signature, IR node), in call order
         self.template_inputs: list[tuple[str, Any]] = []
         self._renames: list[str] = []
@@ -123,6 +133,19 @@ class CuteDSLTemplateKernel(Kernel):
             raise ValueError("get_output() must come after def_kernel()")
         return self.args.output_buffers[name]
 
+    def def_epilogue(self) -> str:
+        """The ``<kernel_name>_epilogue(value, c0, .., extras)`` function (identity when
+        nothing is fused); see ``template/epilogue.py``."""
+        return self.epilogue.function_source(f"{self.kernel_name}_epilogue", self.output_rank)
+
+    def epilogue_inputs(self) -> str:
+        """The tuple of flat views of the epilogue's extra inputs, for the entry's body."""
+        views = [
+            f"cute.make_tensor({arg}.iterator, cute.make_layout(cute.cosize({arg}.layout)))"
+            for arg in (self.args.input(name) for name in self.epilogue.extra_buffers)
+        ]
+        return f"({', '.join(views)}{',' if views else ''})"
+
     def size(self, arg: str, dim: int) -> str:
         """A size as a Python expression; symbolic sizes become entry parameters."""
         return self.kexpr(self.rename_indexing(self._node_named(arg).get_size()[dim]))
@@ -144,6 +167,10 @@ class CuteDSLTemplateKernel(Kernel):
             input_nodes=self.input_nodes,
             output_node=self.output_node,
             def_kernel=self.def_kernel,
+            def_epilogue=self.def_epilogue,
+            epilogue_inputs=self.epilogue_inputs,
+            has_epilogue=self.epilogue.output is not None,
+            output_rank=self.output_rank,
             gen_defines=self.gen_defines,
             get_output=self.get_output,
             size=self.size,

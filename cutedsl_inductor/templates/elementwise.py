@@ -23,16 +23,28 @@ from ..template.template import CuteDSLTemplate
 
 ADD_SOURCE = r'''
 {{gen_defines()}}
+{%- if has_epilogue %}
+
+{{def_epilogue()}}
+{%- endif %}
 
 @cute.kernel
-def {{kernel_name}}_kernel(gA: cute.Tensor, gB: cute.Tensor, gC: cute.Tensor, total: cutlass.Int32):
+def {{kernel_name}}_kernel(gA: cute.Tensor, gB: cute.Tensor, gC: cute.Tensor, total: cutlass.Int32{% if has_epilogue %}, shape_rev, extras{% endif %}):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     base = (bidx * THREADS + tidx) * VECTOR
     for v in cutlass.range_constexpr(VECTOR):
         i = base + v
         if i < total:
+{%- if has_epilogue %}
+            crd = cute.idx2crd(i, shape_rev)
+            value = {{kernel_name}}_epilogue(
+                (gA[i] + gB[i]).to(cutlass.Float32),
+                {% for d in range(output_rank)|reverse %}crd[{{d}}], {% endfor %}extras)
+            gC[i] = value.to(gC.element_type)
+{%- else %}
             gC[i] = gA[i] + gB[i]
+{%- endif %}
 
 
 @cute.jit
@@ -42,7 +54,8 @@ def {{kernel_name}}_kernel(gA: cute.Tensor, gB: cute.Tensor, gC: cute.Tensor, to
     flat_c = cute.make_tensor({{get_output()}}.iterator, cute.make_layout(cute.size(a.shape)))
     total = cute.size(a.shape)
     per_block = THREADS * VECTOR
-    {{kernel_name}}_kernel(flat_a, flat_b, flat_c, total).launch(
+    {{kernel_name}}_kernel(flat_a, flat_b, flat_c, total{% if has_epilogue %},
+        tuple(reversed({{get_output()}}.shape)), {{epilogue_inputs()}}{% endif %}).launch(
         grid=[(total + per_block - 1) // per_block, 1, 1],
         block=[THREADS, 1, 1],
         stream=stream,

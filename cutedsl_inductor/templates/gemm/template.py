@@ -35,18 +35,39 @@ from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
 from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
 
 {{gen_defines()}}
+{%- if has_epilogue %}
+
+{{def_epilogue()}}
+
+class {{kernel_name}}_Gemm(Sm90Gemm):
+    @cute.jit
+    def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+        Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
+                             epi_args)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            mn = coords[i]
+            if cute.elem_less(mn, (prob_m, prob_n)):
+                acc[i] = {{kernel_name}}_epilogue(
+                    acc[i], {% if output_rank == 3 %}l_idx, {% endif %}mn[0], mn[1], epi_args)
+{%- endif %}
 
 @cute.jit
 {% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
-    gemm = Sm90Gemm(
+    gemm = {% if has_epilogue %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         store=STORE,
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_mnl = as_mnl(bias){% else %}bias_mnl = None{% endif %}
+{%- if has_epilogue %}
+    gemm.launch(as_mkl(a), as_nkl_from_kn(b), as_mnl(out), bias_mnl,
+                cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream,
+                epi_args={{epilogue_inputs()}})
+{%- else %}
     gemm(as_mkl(a), as_nkl_from_kn(b), as_mnl(out), bias_mnl,
          cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
+{%- endif %}
 '''
 
 gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)

@@ -1,0 +1,125 @@
+"""Fused epilogues: pointwise consumers of a template's output, computed inside it.
+
+``plan_epilogue(template_buffer, consumers)`` translates Inductor pointwise nodes (in
+the order they consume each other) into one ``@cute.jit`` function the template calls
+on every output element, in fp32::
+
+    @cute.jit
+    def <kernel>_epilogue(value, c0, c1, extras):   # c0, c1: the element's coordinates
+        ...                                          # translated lines
+        return result                                # fp32; the template casts it
+
+Loads are resolved per buffer: the template's output at the element's own position is
+``value``; an earlier consumer's output at its own position is that consumer's result;
+any other buffer is an extra input, read through a flat view (``extras[i]``) at the
+storage index Inductor computes from the coordinates (a bias row or column, a residual,
+a broadcast scalar). The last consumer's buffer becomes the kernel's output; the
+template's own output and the intermediate buffers are never written.
+
+Invariants: every consumer iterates over exactly the template output's shape, writes a
+contiguous buffer, reads the template output (or an earlier consumer) only at the
+element being computed, and its indexing uses no symbols besides the coordinates; the
+fused output is fp32, bf16 or fp16. Failure semantics: anything
+else -- and any op ``PointwiseToCuteDSL`` cannot translate -- raises
+``NotImplementedError``; the scheduler then leaves the nodes unfused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+import torch
+from torch._inductor import ir
+from torch._inductor.codegen.common import PythonPrinter
+from torch._inductor.virtualized import V
+
+from .pointwise import translate_pointwise
+
+
+@dataclasses.dataclass
+class EpiloguePlan:
+    lines: list[str]  # body of the epilogue function
+    result: str  # the temp holding the fp32 result
+    extra_buffers: list[str]  # buffers read through ``extras``, in order
+    output: Any  # the IR buffer that receives the fused result (None: no epilogue)
+    fused_names: list[str]  # template and consumer buffers replaced by ``output``
+
+    def function_source(self, name: str, rank: int) -> str:
+        """``@cute.jit def name(value, c0, ..., c<rank-1>, extras)``."""
+        params = ", ".join(["value", *coordinate_names(rank), "extras"])
+        body = [f"    {line}" for line in self.lines] or ["    pass"]
+        return "\n".join([
+            "@cute.jit",
+            f"def {name}({params}):",
+            *body,
+            f"    return {self.result}",
+        ]) + "\n"
+
+
+# what a template stores: the fused result is cast to the output's dtype
+OUTPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+IDENTITY = EpiloguePlan(lines=[], result="value", extra_buffers=[], output=None, fused_names=[])
+
+
+def coordinate_names(rank: int) -> list[str]:
+    return [f"c{d}" for d in range(rank)]
+
+
+def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
+    """The fused epilogue of ``consumers`` (IR ComputedBuffers) after ``template_buffer``."""
+    size = list(template_buffer.get_size())
+    names = coordinate_names(len(size))
+    coords = [sympy.Symbol(name, integer=True, nonnegative=True) for name in names]
+    produced: dict[str, tuple[str, torch.dtype]] = {
+        template_buffer.get_name(): ("value", torch.float32)
+    }
+    positions = {template_buffer.get_name(): _position(template_buffer, coords)}
+    extra_buffers: list[str] = []
+    lines: list[str] = []
+    result = "value"
+
+    def load_value(name: str, index: Any) -> tuple[str, torch.dtype]:
+        if name in produced:
+            if sympy.simplify(index - positions[name]) != 0:
+                raise NotImplementedError(f"reads {name} at another element ({index})")
+            return produced[name]
+        free = {str(s) for s in sympy.sympify(index).free_symbols}
+        if not free <= set(names):
+            raise NotImplementedError(f"index of {name} needs runtime sizes ({index})")
+        if name not in extra_buffers:
+            extra_buffers.append(name)
+        expr = PythonPrinter().doprint(index)
+        return f"extras[{extra_buffers.index(name)}][{expr}]", V.graph.get_dtype(name)
+
+    for number, consumer in enumerate(consumers):
+        if list(consumer.get_size()) != size:
+            raise NotImplementedError("the consumer iterates over another shape")
+        if not consumer.get_layout().is_contiguous():
+            raise NotImplementedError("the consumer's output is not contiguous")
+        translation = translate_pointwise(consumer, coords, load_value, prefix=f"e{number}_")
+        lines += translation.lines
+        result = translation.result
+        produced[consumer.get_name()] = (result, translation.dtype)
+        positions[consumer.get_name()] = _position(consumer, coords)
+    if consumers and consumers[-1].get_dtype() not in OUTPUT_DTYPES:
+        raise NotImplementedError(f"fused output dtype {consumers[-1].get_dtype()}")
+    if consumers and produced[consumers[-1].get_name()][1] != torch.float32:
+        lines.append(f"epilogue_result = {result}.to(cutlass.Float32)")
+        result = "epilogue_result"
+    return EpiloguePlan(
+        lines=lines, result=result, extra_buffers=extra_buffers,
+        output=consumers[-1] if consumers else None,
+        fused_names=[template_buffer.get_name()] + [c.get_name() for c in consumers[:-1]],
+    )
+
+
+def _position(buffer: Any, coords: list[Any]) -> Any:
+    """Storage index of the element at ``coords`` (a flexible layout as it stands now;
+    the scheduler freezes it before the final plan is made)."""
+    layout = buffer.get_layout()
+    if isinstance(layout, ir.FlexibleLayout):
+        layout = layout.as_fixed()
+    return layout.make_indexer()(coords)

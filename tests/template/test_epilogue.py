@@ -1,0 +1,95 @@
+"""Fused epilogues rendered into the add and GEMM templates and compiled GPU-less (sm_90a),
+built from real Inductor lowerings of the consumers."""
+
+import pytest
+import torch
+import tvm_ffi
+from torch._inductor import ir
+from torch._inductor.lowering import lowerings
+
+from cutedsl_inductor.compile.specs import specs_for_nodes
+from cutedsl_inductor.runtime.loader import load_kernel
+from cutedsl_inductor.template.epilogue import plan_epilogue
+from cutedsl_inductor.template.kernel import name_kernel
+from cutedsl_inductor.templates.elementwise import add_template
+from cutedsl_inductor.templates.gemm.template import gemm_choices
+from tests.helpers import make_input, make_layout
+
+aten = torch.ops.aten
+
+
+def realized(box):
+    """The buffer a lowering's result becomes, its layout decided (as when scheduled)."""
+    box.realize()
+    box.data.data.freeze_layout()
+    return box.data.data
+
+
+def compile_fused(choice, template_buffer, consumers):
+    """Render the chosen template with ``consumers`` fused and compile it."""
+    plan = plan_epilogue(template_buffer, consumers)
+    kernel, render = choice.make_kernel_render(template_buffer, epilogue=plan)
+    name, source = name_kernel(choice.template.name, render())
+    wrapper = load_kernel(name, source, specs_for_nodes(kernel.arg_nodes(),
+                                                         choice.template.symbolic_shapes))
+    assert isinstance(wrapper.kernel_fn, tvm_ffi.Function), type(wrapper.kernel_fn)
+    return plan, source
+
+
+def add_output(graph, shape=(64, 128), dtype=torch.float32):
+    a, b = make_input(graph, "a", shape, dtype), make_input(graph, "b", shape, dtype)
+    choice = add_template.generate(input_nodes=[a, b], layout=make_layout(shape, dtype),
+                                   THREADS=128, VECTOR=4)
+    out = choice.output_node()
+    return choice, out, realized(out)
+
+
+def test_relu_fuses_into_the_add_template(graph):
+    choice, out, template_buffer = add_output(graph)
+    relu = realized(lowerings[aten.relu.default](out))
+    plan, source = compile_fused(choice, template_buffer, [relu])
+    assert plan.output is relu and plan.fused_names == [template_buffer.get_name()]
+    assert "cute.math.max(" in source and plan.extra_buffers == []
+
+
+def test_scale_plus_residual_and_bias_read_extra_inputs(graph):
+    choice, out, template_buffer = add_output(graph)
+    residual = make_input(graph, "residual", (64, 128))
+    bias = make_input(graph, "bias", (128,))
+    scaled = realized(lowerings[aten.mul.Tensor](out, 0.5))
+    total = realized(lowerings[aten.add.Tensor](
+        lowerings[aten.add.Tensor](scaled, residual), bias))
+    plan, source = compile_fused(choice, template_buffer, [scaled, total])
+    assert plan.extra_buffers == ["residual", "bias"]
+    assert plan.fused_names == [template_buffer.get_name(), scaled.get_name()]
+
+
+def test_gelu_with_bias_fuses_into_the_gemm(graph):
+    x = make_input(graph, "x", (256, 128), torch.bfloat16)
+    w_t = make_input(graph, "w", (128, 384), torch.bfloat16, stride=(1, 128))
+    bias = make_input(graph, "bias", (384,), torch.bfloat16)
+    choices = []
+    gemm_choices(choices, "mm", [x, w_t], make_layout((256, 384), torch.bfloat16))
+    out = choices[0].output_node()
+    template_buffer = realized(out)
+    mul, add = lowerings[aten.mul.Tensor], lowerings[aten.add.Tensor]
+    biased = add(out, bias)  # gelu as Inductor decomposes it: 0.5 x (1 + erf(x / sqrt 2))
+    erf = lowerings[aten.erf.default](mul(biased, 0.7071067811865476))
+    gelu = realized(mul(mul(biased, 0.5), add(erf, 1.0)))
+    plan, source = compile_fused(choices[0], template_buffer, [gelu])
+    assert plan.extra_buffers == ["bias"] and "cute.math.erf(" in source
+    assert "_Gemm(Sm90Gemm)" in source
+
+
+@pytest.mark.parametrize("case", ["transposed read", "other shape", "bool output"])
+def test_unfusable_consumers_are_refused(graph, case):
+    choice, out, template_buffer = add_output(graph, shape=(64, 64))
+    if case == "transposed read":
+        consumer = lowerings[aten.add.Tensor](out, lowerings[aten.permute.default](out, [1, 0]))
+    elif case == "other shape":
+        consumer = lowerings[aten.add.Tensor](
+            lowerings[aten.slice.Tensor](out, 1, 0, 32), 1.0)
+    else:
+        consumer = lowerings[aten.gt.Scalar](out, 0.0)
+    with pytest.raises(NotImplementedError):
+        plan_epilogue(template_buffer, [realized(consumer)])
