@@ -95,6 +95,8 @@ class CuteDSLScheduling(BaseScheduling):
             plan = self.epilogue_plan([template_node, *epilogue_nodes])
             if plan is None:
                 raise NotImplementedError("the fused epilogue no longer translates")
+        # never written: removed before mark_run, whose allocations skip removed buffers
+        V.graph.removed_buffers |= OrderedSet(plan.fused_names)
         kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
         for node in (template_node, *epilogue_nodes):
             node.mark_run()
@@ -102,14 +104,14 @@ class CuteDSLScheduling(BaseScheduling):
         nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, buffer.template.symbolic_shapes)
         with V.set_kernel_handler(kernel):
-            kernel_name = self.define_kernel(kernel_name, source, specs, buffer, [template_node])
+            kernel_name = self.define_kernel(kernel_name, source, specs, buffer,
+                                             [template_node, *epilogue_nodes])
             V.graph.wrapper_code.generate_kernel_call(
                 kernel_name,
                 kernel.call_references(),
                 triton=True,
                 arg_types=[n.get_dtype() if hasattr(n, "get_dtype") else int for n in nodes],
             )
-        V.graph.removed_buffers |= kernel.removed_buffers | OrderedSet(plan.fused_names)
         self.free_buffers_in_scheduler()
 
     def define_kernel(
