@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
+#                                             bench_epilogue
 # (default: all). Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
@@ -14,7 +15,7 @@ step() {
   "$@" > "$OUT/$name.log" 2>&1 || { status=1; echo "!!! $name failed"; }
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
-steps=${*:-precompiled pytest demo launch bench_gemm}
+steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue}
 nvidia-smi -L
 for s in $steps; do
   case $s in
@@ -26,6 +27,7 @@ for s in $steps; do
     launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
+    bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue --quick ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

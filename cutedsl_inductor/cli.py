@@ -6,6 +6,7 @@
                                compile the built-in templates' default choices into the
                                cache, GPU or not
   bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
+  bench epilogue [--quick]     fused GEMM blocks vs Inductor default / max-autotune (GPU)
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.gemm import main as bench_gemm
 
         return bench_gemm(argv[2:])
+    if argv[:2] == ["bench", "epilogue"]:
+        from .bench.epilogue import main as bench_epilogue
+
+        return bench_epilogue(argv[2:])
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--templates", default=",".join(BUILTIN_TEMPLATES),
                      help="comma-separated built-in templates (default: all)")
     pre.set_defaults(run=_precompile)
-    commands.add_parser("bench", help="bench gemm [--quick] [--out DIR]: see bench/gemm.py")
+    commands.add_parser("bench", help="bench gemm|epilogue [--quick]: see cutedsl_inductor/bench")
     args = parser.parse_args(argv)
     return args.run(args)
 

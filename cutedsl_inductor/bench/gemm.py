@@ -22,18 +22,14 @@ from typing import Any
 
 import torch
 
+from .timing import median_ms
+
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
 LLM = [(m, n, k) for m in (16, 64, 128, 256, 1024, 4096, 8192) for n, k in LLM_NK]
 QUICK = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (128, 8192, 8192),
          (16, 4096, 4096), (1024, 14336, 4096)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _median_ms(fn: Any) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[Any, Any]:
@@ -65,7 +61,7 @@ def ours_best_ms(a: torch.Tensor, b: torch.Tensor) -> tuple[float, str]:
         try:
             run = choice.load().run
             run(a, b, out)
-            best = min(best, (_median_ms(lambda: run(a, b, out)), choice.description))
+            best = min(best, (median_ms(lambda: run(a, b, out)), choice.description))
         except Exception as err:  # a failing config is reported, the others go on
             print(f"  config failed: {choice.description}: {err}")
     reference = (a.double() @ b.double())
@@ -81,7 +77,7 @@ def triton_best_ms(a: torch.Tensor, b: torch.Tensor) -> float:
                                       fx_graph_cache=False):
         fn = torch.compile(torch.mm)
         fn(a, b)
-    return _median_ms(lambda: fn(a, b))
+    return median_ms(lambda: fn(a, b))
 
 
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
@@ -96,7 +92,7 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
                 a, b = operands(m, n, k, DTYPES[dt], layout)
                 flops = 2 * m * n * k
                 ours_ms, cfg = ours_best_ms(a, b)
-                cublas_ms = _median_ms(lambda: torch.mm(a, b))
+                cublas_ms = median_ms(lambda: torch.mm(a, b))
                 triton_ms = triton_best_ms(a, b) if with_triton else math.nan
                 row = dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg,
                            ours=flops / ours_ms / 1e9, cublas=flops / cublas_ms / 1e9,

@@ -4,7 +4,6 @@ built from real Inductor lowerings of the consumers."""
 import pytest
 import torch
 import tvm_ffi
-from torch._inductor import ir
 from torch._inductor.lowering import lowerings
 
 from cutedsl_inductor.compile.specs import specs_for_nodes
