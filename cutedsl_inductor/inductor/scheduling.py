@@ -21,6 +21,7 @@ our nodes is answered "no", on every supported torch.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from ..runtime.loader import write_source
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
 from .ir import CuteDSLTemplateBuffer
+
+log = logging.getLogger(__name__)
 
 
 def is_cutedsl_template(node: Any) -> bool:
@@ -74,7 +77,8 @@ class CuteDSLScheduling(BaseScheduling):
                 return None
         try:
             return plan_epilogue(template_node.node, [n.node for n in consumers])
-        except NotImplementedError:
+        except Exception as err:  # not fusable: the nodes stay unfused, never a crash
+            log.debug("not fusing into %s: %s", template_node.get_name(), err)
             return None
 
     def codegen_template(

@@ -70,50 +70,62 @@ def coordinate_names(rank: int) -> list[str]:
 
 def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
     """The fused epilogue of ``consumers`` (IR ComputedBuffers) after ``template_buffer``."""
-    size = list(template_buffer.get_size())
-    names = coordinate_names(len(size))
-    coords = [sympy.Symbol(name, integer=True, nonnegative=True) for name in names]
-    produced: dict[str, tuple[str, torch.dtype]] = {
-        template_buffer.get_name(): ("value", torch.float32)
-    }
-    positions = {template_buffer.get_name(): _position(template_buffer, coords)}
-    extra_buffers: list[str] = []
+    loads = EpilogueLoads(template_buffer)
     lines: list[str] = []
     result = "value"
-
-    def load_value(name: str, index: Any) -> tuple[str, torch.dtype]:
-        if name in produced:
-            if sympy.simplify(index - positions[name]) != 0:
-                raise NotImplementedError(f"reads {name} at another element ({index})")
-            return produced[name]
-        free = {str(s) for s in sympy.sympify(index).free_symbols}
-        if not free <= set(names):
-            raise NotImplementedError(f"index of {name} needs runtime sizes ({index})")
-        if name not in extra_buffers:
-            extra_buffers.append(name)
-        expr = PythonPrinter().doprint(index)
-        return f"extras[{extra_buffers.index(name)}][{expr}]", V.graph.get_dtype(name)
-
     for number, consumer in enumerate(consumers):
-        if list(consumer.get_size()) != size:
+        if list(consumer.get_size()) != loads.size:
             raise NotImplementedError("the consumer iterates over another shape")
         if not consumer.get_layout().is_contiguous():
             raise NotImplementedError("the consumer's output is not contiguous")
-        translation = translate_pointwise(consumer, coords, load_value, prefix=f"e{number}_")
+        translation = translate_pointwise(consumer, loads.coords, loads.load_value,
+                                          prefix=f"e{number}_")
         lines += translation.lines
         result = translation.result
-        produced[consumer.get_name()] = (result, translation.dtype)
-        positions[consumer.get_name()] = _position(consumer, coords)
+        loads.produced(consumer, result, translation.dtype)
     if consumers and consumers[-1].get_dtype() not in OUTPUT_DTYPES:
         raise NotImplementedError(f"fused output dtype {consumers[-1].get_dtype()}")
-    if consumers and produced[consumers[-1].get_name()][1] != torch.float32:
+    if consumers and loads.values[consumers[-1].get_name()][1] != torch.float32:
         lines.append(f"epilogue_result = {result}.to(cutlass.Float32)")
         result = "epilogue_result"
     return EpiloguePlan(
-        lines=lines, result=result, extra_buffers=extra_buffers,
+        lines=lines, result=result, extra_buffers=loads.extra_buffers,
         output=consumers[-1] if consumers else None,
         fused_names=[template_buffer.get_name()] + [c.get_name() for c in consumers[:-1]],
     )
+
+
+class EpilogueLoads:
+    """Resolves the epilogue's buffer reads (``load_value`` for the translator): values
+    computed in the kernel (the template output, earlier consumers) at the element's own
+    position, everything else as an extra input read at its storage index."""
+
+    def __init__(self, template_buffer: Any) -> None:
+        self.size = list(template_buffer.get_size())
+        self.names = coordinate_names(len(self.size))
+        self.coords = [sympy.Symbol(n, integer=True, nonnegative=True) for n in self.names]
+        # buffer -> (expression, dtype) and the storage index of the element in it
+        self.values: dict[str, tuple[str, torch.dtype]] = {}
+        self.positions: dict[str, Any] = {}
+        self.extra_buffers: list[str] = []
+        self.produced(template_buffer, "value", torch.float32)
+
+    def produced(self, buffer: Any, expr: str, dtype: torch.dtype) -> None:
+        self.values[buffer.get_name()] = (expr, dtype)
+        self.positions[buffer.get_name()] = _position(buffer, self.coords)
+
+    def load_value(self, name: str, index: Any) -> tuple[str, torch.dtype]:
+        if name in self.values:
+            if sympy.simplify(index - self.positions[name]) != 0:
+                raise NotImplementedError(f"reads {name} at another element ({index})")
+            return self.values[name]
+        free = {str(s) for s in sympy.sympify(index).free_symbols}
+        if not free <= set(self.names):
+            raise NotImplementedError(f"index of {name} needs runtime sizes ({index})")
+        if name not in self.extra_buffers:
+            self.extra_buffers.append(name)
+        expr = PythonPrinter().doprint(index)
+        return f"extras[{self.extra_buffers.index(name)}][{expr}]", V.graph.get_dtype(name)
 
 
 def _position(buffer: Any, coords: list[Any]) -> Any:
