@@ -1,5 +1,8 @@
 """IR builders for CPU tests: real Inductor nodes on a (virtual) CUDA device."""
 
+import contextlib
+from types import SimpleNamespace
+
 import torch
 
 
@@ -17,3 +20,51 @@ def make_layout(shape, dtype=torch.float32):
     from torch._inductor import ir
 
     return ir.FixedLayout(torch.device("cuda", 0), dtype, list(shape))
+
+
+H200_PROPERTIES = SimpleNamespace(
+    name="NVIDIA H200 (virtual)", major=9, minor=0, multi_processor_count=132, warp_size=32,
+    regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+    max_threads_per_block=1024, total_memory=141 << 30, gcnArchName="",
+)
+
+
+def use_virtual_sm90(monkeypatch):
+    """Let Inductor's lowerings and scheduler treat "cuda" as an sm_90 GPU on a machine
+    without one: device queries answer for an H200 and Triton counts as installed. Nothing
+    is benchmarked or launched; only lowering, fusion and our rendering run."""
+    from torch._dynamo import device_interface
+    from torch._inductor import scheduler
+
+    def properties(device=None):
+        return H200_PROPERTIES
+
+    cuda = device_interface.CudaInterface
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(cuda, "get_device_properties", staticmethod(properties))
+    monkeypatch.setattr(cuda.Worker, "get_device_properties", staticmethod(properties))
+    monkeypatch.setattr(cuda, "get_compute_capability", staticmethod(lambda device=None: 90))
+    monkeypatch.setattr(scheduler, "has_triton", lambda: True)
+
+
+@contextlib.contextmanager
+def lowered(fn, *shapes, dtype=torch.bfloat16):
+    """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor; yields
+    the GraphLowering, installed as V.graph (build a Scheduler from its operations)."""
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode()
+    with mode:
+        args = [torch.empty(shape, device="cuda", dtype=dtype) for shape in shapes]
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    graph = GraphLowering(gm, example_inputs=args)
+    with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), \
+            V.set_fake_mode(mode):
+        graph.run(*args)
+        yield graph

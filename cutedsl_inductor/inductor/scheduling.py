@@ -14,8 +14,9 @@ and a call ``cutedsl_<template>_<hash>.run(<args>, stream=streamN)``. The source
 also written to a real ``.py`` file, whose path the definition's comment names.
 
 Fusion: with ``config.epilogue_fusion`` on, a pointwise consumer fuses into a template
-that defines an epilogue (``template/epilogue.py``); every other fusion question about
-our nodes is answered "no", on every supported torch.
+that defines an epilogue (``template/epilogue.py``; max-autotune's deferred choices that
+we win are finalized before fusion, ``multi_template.py``); every other fusion question
+about our nodes is answered "no", on every supported torch.
 """
 
 from __future__ import annotations
@@ -184,15 +185,17 @@ def _involves_cutedsl(*nodes: Any) -> bool:
 
 def install() -> None:
     """Register ``CuteDSLCombinedScheduling`` for CUDA devices, our part of the FX graph
-    cache key and our GEMM choices (idempotent)."""
+    cache key, our GEMM choices and our pre-fusion pass (idempotent)."""
     from torch._inductor.codegen import common
 
     from .cache_key import install_cache_key
     from .choices import install_choices
+    from .multi_template import install_pre_fusion_pass
 
     common.init_backend_registration()
     install_cache_key()
     install_choices()
+    install_pre_fusion_pass()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(

@@ -1,0 +1,94 @@
+"""Epilogue fusion through Inductor's own lowering, scheduler and wrapper codegen, on a
+virtual sm_90 device (CPU): the blocks of the epilogue issue come out as CuteDSL GEMMs
+with their consumers inside, and the fused kernels in the output code compile GPU-less."""
+
+import ast
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor import ir
+from torch._inductor.scheduler import Scheduler
+
+from cutedsl_inductor import config
+from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
+from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
+from cutedsl_inductor.runtime.loader import load_kernel
+from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
+from tests.helpers import lowered, use_virtual_sm90
+
+BLOCKS = {
+    "gelu_bias": (lambda x, w, b: F.gelu(x @ w.t() + b), [(256, 512), (384, 512), (384,)]),
+    "relu_addmm_scale_residual": (
+        lambda x, w, b, r: torch.relu(torch.addmm(b, x, w.t())) * 0.5 + r,
+        [(256, 512), (384, 512), (384,), (256, 384)]),
+    "swiglu": (lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()),
+               [(256, 512), (384, 512), (384, 512)]),
+}
+
+
+@pytest.fixture
+def max_autotune(monkeypatch):
+    use_virtual_sm90(monkeypatch)
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CUTEDSL"), \
+            config.patch(epilogue_fusion=True, gemm_max_configs=1):
+        yield
+
+
+def kernel_definitions(code):
+    """The ``name = load_kernel(...)`` statements of an output module."""
+    return [node for node in ast.parse(code).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "load_kernel"]
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_block_fuses_into_the_gemm_and_its_kernels_compile(block, max_autotune):
+    fn, shapes = BLOCKS[block]
+    with lowered(fn, *shapes) as graph:
+        code = graph.codegen()[0].value
+    calls = code.split("async_compile.wait")[1]
+    assert "triton" not in calls, "a consumer stayed a separate kernel"
+    definitions = kernel_definitions(code)
+    assert len(definitions) == (2 if block == "swiglu" else 1)
+    fused = [d for d in definitions if "_epilogue(" in ast.unparse(d)]
+    assert len(fused) == 1
+    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
+                 "ScalarSpec": ScalarSpec}
+    exec(compile(ast.Module(fused, type_ignores=[]), "output_code", "exec"), namespace)
+    assert compiler.stats["compiled"] == 1
+
+
+def test_fusion_is_off_unless_configured(max_autotune):
+    fn, shapes = BLOCKS["gelu_bias"]
+    with config.patch(epilogue_fusion=False), lowered(fn, *shapes) as graph:
+        nodes = Scheduler(graph.operations).nodes
+    assert [is_cutedsl_template(n) for n in nodes] == [True, False]
+
+
+def deferred_choice(graph):
+    (multi,) = [b for b in graph.buffers if isinstance(b, ir.MultiTemplateBuffer)]
+    return multi
+
+
+@pytest.mark.parametrize("fastest", ["ours", "aten"])
+def test_deferred_choice_fuses_when_ours_is_fastest(fastest, max_autotune):
+    fn, shapes = BLOCKS["gelu_bias"]
+    with torch._inductor.config.patch(max_autotune_gemm_backends="ATEN,CUTEDSL"), \
+            config.patch(gemm_max_configs=2), lowered(fn, *shapes) as graph:
+        multi = deferred_choice(graph)
+        ours = [c for c in multi.choices if isinstance(c, CuteDSLTemplateCaller)]
+        winner = ours[1] if fastest == "ours" else next(
+            c for c in multi.choices if not isinstance(c, CuteDSLTemplateCaller))
+        # what benchmarking would have measured
+        multi._choice_timings[None] = {c: 1.0 if c is winner else 2.0 for c in multi.choices}
+        # (Inductor's own epilogue benchmarking of the deferred choice needs Triton)
+        with torch._inductor.config.patch(epilogue_fusion=fastest == "ours"):
+            nodes = Scheduler(graph.operations).nodes
+    if fastest == "ours":
+        (node,) = nodes
+        template, consumer = node.get_nodes()
+        assert is_cutedsl_template(template) and template.node.params == winner.params
+    else:
+        assert not any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
