@@ -48,3 +48,15 @@ def test_block_fuses_and_matches_eager(block):
     assert relative_error(result, fn(*args)) < 1e-2
     assert "_epilogue(" in code
     assert "triton_poi_fused" not in code, "a consumer stayed a separate kernel"
+
+
+def test_fused_block_replays_in_cuda_graphs():
+    """mode="max-autotune" captures the graph (our launches included) in CUDA graphs."""
+    fn, make_args = BLOCKS["gelu_bias"]
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(max_autotune_gemm_backends="CUTEDSL", fx_graph_cache=False), \
+            config.patch(epilogue_fusion=True, gemm_max_configs=2):
+        compiled = torch.compile(fn, mode="max-autotune")
+        for _ in range(3):
+            args = make_args()
+            assert relative_error(compiled(*args).clone(), fn(*args)) < 1e-2
