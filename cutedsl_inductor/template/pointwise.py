@@ -14,6 +14,10 @@ Invariants:
     Inductor's dtype), and a later op upcasts it again. Every temp has a known dtype
     (float32, bfloat16, float16, int32 or bool), see ``dtype_of``; operands are promoted
     explicitly (float beats int beats bool), never left to CuTe's implicit rules.
+  * Precision matches Inductor's Triton kernels: exp, log and division use the
+    hardware approximations (``ex2``/``lg2``/``rcp.approx``, as ``tl.exp``, ``tl.log``
+    and fp32 ``/`` do), erf CuTe's fast-math form; tanh, sqrt and rsqrt are exact-rounded
+    library code. An epilogue runs while the tensor cores idle: its instructions count.
   * Constants are typed (``cutlass.Float32(0.5)``, ``cutlass.Float32(float('inf'))``).
   * Identical expression text gives the same temp (CSE), so the lines are deterministic
     for a given body and ``load_value`` callback.
@@ -167,8 +171,9 @@ class PointwiseToCuteDSL(DefaultHandler):
     def _float(self, op: str, x: Any) -> str:
         return self._to(self._temp(op, x, torch.float32), torch.float32)
 
-    def _unary_math(self, op: str, fn: str, x: Any) -> str:
-        return self._emit(f"cute.math.{fn}({self._float(op, x)})", torch.float32)
+    def _unary_math(self, op: str, fn: str, x: Any, fast: bool = False) -> str:
+        fastmath = ", fastmath=True" if fast else ""
+        return self._emit(f"cute.math.{fn}({self._float(op, x)}{fastmath})", torch.float32)
 
     def _binary(self, op: str, a: Any, b: Any, sym: str) -> str:
         (a, b), dtype = self._promote(op, a, b)
@@ -220,8 +225,8 @@ class PointwiseToCuteDSL(DefaultHandler):
         return self._binary("mul", a, b, "*")
 
     def truediv(self, a: Any, b: Any) -> str:
-        return self._emit(f"{self._float('truediv', a)} / {self._float('truediv', b)}",
-                          torch.float32)
+        return self._emit(f"{self._float('truediv', a)} * "
+                          f"cute.arch.rcp_approx({self._float('truediv', b)})", torch.float32)
 
     def neg(self, x: Any) -> str:
         (x,), dtype = self._promote("neg", x)
@@ -256,16 +261,16 @@ class PointwiseToCuteDSL(DefaultHandler):
     # -- transcendental (all exist in cute.math of CuTe DSL 4.8) ------------------------
 
     def exp(self, x: Any) -> str:
-        return self._unary_math("exp", "exp", x)
+        return self._unary_math("exp", "exp", x, fast=True)
 
     def log(self, x: Any) -> str:
-        return self._unary_math("log", "log", x)
+        return self._unary_math("log", "log", x, fast=True)
 
     def tanh(self, x: Any) -> str:
         return self._unary_math("tanh", "tanh", x)
 
     def erf(self, x: Any) -> str:
-        return self._unary_math("erf", "erf", x)
+        return self._unary_math("erf", "erf", x, fast=True)
 
     def sqrt(self, x: Any) -> str:
         return self._unary_math("sqrt", "sqrt", x)

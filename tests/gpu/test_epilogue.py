@@ -60,3 +60,28 @@ def test_fused_block_replays_in_cuda_graphs():
         for _ in range(3):
             args = make_args()
             assert relative_error(compiled(*args).clone(), fn(*args)) < 1e-2
+
+
+UNARY = {
+    "exp": lambda y: torch.exp(y * 0.1), "log": lambda y: torch.log(y.abs() + 1e-3),
+    "tanh": torch.tanh, "erf": torch.erf, "sigmoid": torch.sigmoid, "relu": torch.relu,
+    "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"), "silu": F.silu,
+    "div": lambda y: y / (y.abs() + 2.0), "where_minmax": lambda y: torch.where(
+        y > 0, torch.minimum(y, torch.tensor(1.0, device=y.device)), torch.maximum(y, -y * 2)),
+    "to_fp32_and_back": lambda y: (y.float() * 3).to(torch.bfloat16) - 1,
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_each_translated_op_matches_eager(op):
+    x, w = randn(128, 256), randn(256, 256)
+    fn = lambda x, w: UNARY[op](x @ w.t())  # noqa: E731
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CUTEDSL",
+                                      fx_graph_cache=False), \
+            config.patch(epilogue_fusion=True, gemm_max_configs=1):
+        from torch._inductor.utils import run_and_get_code
+
+        result, codes = run_and_get_code(torch.compile(fn), x, w)
+    assert "_epilogue(" in "\n".join(codes)
+    assert relative_error(result, fn(x, w)) < 1e-2

@@ -119,6 +119,8 @@ def test_transcendentals_compile(tmp_path):
     res = compile_exprs(tmp_path, fns, out_dtype=torch.bfloat16)
     for r, fn in zip(res, ["exp", "log", "tanh", "erf", "exp", "sqrt", "rsqrt"]):
         assert any(f"cute.math.{fn}(" in line for line in r.lines), r.lines
+        fast = fn in ("exp", "log", "erf")  # the approximations Triton uses too
+        assert any("fastmath=True" in line for line in r.lines) == fast, r.lines
 
 
 def test_comparisons_logic_where_and_casts_compile(tmp_path):
@@ -226,7 +228,7 @@ def test_plain_string_load_is_fp32_and_index_is_passed():
 
     tr = translate_pointwise(lambda i: vz.ops.exp(vz.ops.load("buf0", 4 * i[0])), INDEX, load)
     assert seen == [("buf0", 4 * INDEX[0])]
-    assert tr.lines == ["tmp0 = acc[j]", "tmp1 = cute.math.exp(tmp0)"]
+    assert tr.lines == ["tmp0 = acc[j]", "tmp1 = cute.math.exp(tmp0, fastmath=True)"]
 
 
 @pytest.mark.parametrize("fn", [
