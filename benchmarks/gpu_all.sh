@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
-#                                             bench_epilogue
+#                                             bench_epilogue bench_gemm_shards
+# bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
+# in parallel, into $OUT/gemm_shard_K; merge them with `bench gemm --merge DIR ...`.
 # (default: all). Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
@@ -27,7 +29,16 @@ for s in $steps; do
     launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
-    bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue --quick ;;
+    bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue ${EPILOGUE_ARGS:---quick} ;;
+    bench_gemm_shards)
+      gpus=$(nvidia-smi -L | wc -l)
+      for g in $(seq 0 $((gpus - 1))); do
+        k=$(( ${SHARD_FIRST:-1} + g ))
+        CUDA_VISIBLE_DEVICES=$g python3 -m cutedsl_inductor bench gemm --shard "$k/${SHARDS:-$gpus}" \
+          ${BENCH_ARGS:-} --out "$OUT/gemm_shard_$k" > "$OUT/gemm_shard_$k.log" 2>&1 &
+      done
+      wait || status=1
+      tail -n 3 "$OUT"/gemm_shard_*.log ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

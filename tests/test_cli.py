@@ -28,3 +28,20 @@ def test_precompile_then_cache_info_then_clear(tmp_path):
     cleared = cli("cache", "clear", cache_dir=cache_dir)
     assert "removed 9 entries" in cleared.stdout
     assert "entries:   0" in cli("cache", "info", cache_dir=cache_dir).stdout
+
+
+def write_shard(directory, row):
+    directory.mkdir()
+    (directory / "gemm_bench.csv").write_text(
+        "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton\n" + row + "\n")
+
+
+def test_bench_gemm_merges_shards(tmp_path):
+    write_shard(tmp_path / "a", "16,4096,4096,bf16,nt,CuteDSL sm90_gemm (A),24.0,30.0,27.0,0.8,0.889")
+    write_shard(tmp_path / "b", "4096,4096,4096,fp16,nn,CuteDSL sm90_gemm (B),800.0,640.0,nan,1.25,nan")
+    run = cli("bench", "gemm", "--merge", str(tmp_path / "a"), str(tmp_path / "b"),
+              "--out", str(tmp_path / "merged"), cache_dir=tmp_path / "kernels")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "geomean vs cuBLAS 1.000 over 2 shapes; worst 0.80 at 16x4096x4096 bf16 nt" in run.stdout
+    assert "above Inductor's best Triton on 0 of 1 shapes" in run.stdout
+    assert len((tmp_path / "merged" / "gemm_bench.csv").read_text().splitlines()) == 3

@@ -10,6 +10,8 @@ config (the heuristic's configs, each compiled through the template path and tim
 of ``torch.mm`` (cuBLAS) and of Inductor's best Triton template
 (``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a PNG plot go to
 ``--out``. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
+``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
+writes them as one CSV and plot.
 """
 
 from __future__ import annotations
@@ -80,12 +82,28 @@ def triton_best_ms(a: torch.Tensor, b: torch.Tensor) -> float:
     return median_ms(lambda: fn(a, b))
 
 
+def print_row(row: dict[str, Any]) -> None:
+    print(f"{row['m']:>6} {row['n']:>7} {row['k']:>6} {row['dtype']:>4} {row['layout']:>3} "
+          f"{row['ours']:7.0f} {row['cublas']:7.0f} {row['triton']:7.0f} "
+          f"{row['vs_cublas']:8.2f} {row['vs_triton']:8.2f}  "
+          f"{row['config'].removeprefix('CuteDSL sm90_gemm ')}", flush=True)
+
+
+HEADER = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':>7} "
+          f"{'Triton':>7} {'/cuBLAS':>8} {'/Triton':>8}  config")
+
+
+def read_rows(directory: Path) -> list[dict[str, Any]]:
+    with open(directory / "gemm_bench.csv", newline="") as f:
+        return [{key: value if key in ("dtype", "layout", "config") else
+                 (int(value) if key in "mnk" else float(value)) for key, value in row.items()}
+                for row in csv.DictReader(f)]
+
+
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
               with_triton: bool) -> list[dict[str, Any]]:
     rows = []
-    header = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':>7} "
-              f"{'Triton':>7} {'/cuBLAS':>8} {'/Triton':>8}  config")
-    print(header, flush=True)
+    print(HEADER, flush=True)
     for m, n, k in shapes:
         for dt in dtypes:
             for layout in layouts:
@@ -100,10 +118,7 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
                 row["vs_cublas"] = row["ours"] / row["cublas"]
                 row["vs_triton"] = row["ours"] / row["triton"]
                 rows.append(row)
-                print(f"{m:>6} {n:>7} {k:>6} {dt:>4} {layout:>3} {row['ours']:7.0f} "
-                      f"{row['cublas']:7.0f} {row['triton']:7.0f} {row['vs_cublas']:8.2f} "
-                      f"{row['vs_triton']:8.2f}  {cfg.removeprefix('CuteDSL sm90_gemm ')}",
-                      flush=True)
+                print_row(row)
     return rows
 
 
@@ -156,7 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="1/1",
                         help="K/N: run every N-th shape starting at the K-th (split long suites)")
     parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--merge", nargs="+", metavar="DIR",
+                        help="summarize shards run earlier (directories with their CSVs)")
     args = parser.parse_args(argv)
+    if args.merge:
+        rows = [row for directory in args.merge for row in read_rows(Path(directory))]
+        print(HEADER)
+        for row in rows:
+            print_row(row)
+        print(summarize(rows))
+        write_outputs(rows, Path(args.out))
+        return 0
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
         return 2
