@@ -14,7 +14,9 @@ Loads are resolved per buffer: the template's output at the element's own positi
 any other buffer is an extra input, read through a flat view (``extras[i]``) at the
 storage index Inductor computes from the coordinates (a bias row or column, a residual,
 a broadcast scalar). The last consumer's buffer becomes the kernel's output; the
-template's own output and the intermediate buffers are never written.
+template's own output and the intermediate buffers are never written. Storage indices
+are Int32 arithmetic when the buffer is known to hold fewer than 2**31 elements, Int64
+otherwise (so a huge residual never wraps around).
 
 Invariants: every consumer iterates over exactly the template output's shape, writes a
 contiguous buffer, reads the template output (or an earlier consumer) only at the
@@ -124,6 +126,10 @@ class EpilogueLoads:
             raise NotImplementedError(f"index of {name} needs runtime sizes ({index})")
         if name not in self.extra_buffers:
             self.extra_buffers.append(name)
+        numel = V.graph.get_buffer(name).get_layout().storage_size()
+        if not V.graph.sizevars.statically_known_lt(numel, 2**31):
+            index = sympy.sympify(index).subs({c: sympy.Symbol(f"cutlass.Int64({c})")
+                                               for c in self.coords})
         expr = PythonPrinter().doprint(index)
         return f"extras[{self.extra_buffers.index(name)}][{expr}]", V.graph.get_dtype(name)
 

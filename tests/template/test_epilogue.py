@@ -92,3 +92,13 @@ def test_unfusable_consumers_are_refused(graph, case):
         consumer = lowerings[aten.gt.Scalar](out, 0.0)
     with pytest.raises(NotImplementedError):
         plan_epilogue(template_buffer, [realized(consumer)])
+
+
+def test_indices_into_huge_extra_inputs_are_int64(graph):
+    choice, out, template_buffer = add_output(graph, shape=(64, 128))
+    small = make_input(graph, "small", (64, 128))
+    huge = make_input(graph, "huge", (64, 128), stride=(2**26, 1))  # 2**32 elements of storage
+    total = realized(lowerings[aten.add.Tensor](lowerings[aten.add.Tensor](out, small), huge))
+    plan, source = compile_fused(choice, template_buffer, [total])
+    assert "extras[0][c1 + 128*c0]" in source
+    assert "extras[1][cutlass.Int64(c1) + 67108864*cutlass.Int64(c0)]" in source
