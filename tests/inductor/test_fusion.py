@@ -72,23 +72,27 @@ def deferred_choice(graph):
     return multi
 
 
-@pytest.mark.parametrize("fastest", ["ours", "aten"])
-def test_deferred_choice_fuses_when_ours_is_fastest(fastest, max_autotune):
+@pytest.mark.parametrize("ours_ms, aten_ms, takes_ours", [
+    (1.0, 2.0, True),  # ours is fastest
+    (2.0, 1.0, False),  # ATen is much faster
+    (1.001, 1.0, True),  # ATen is faster by less than the fusion saves
+])
+def test_deferred_choice_fuses_when_ours_wins(ours_ms, aten_ms, takes_ours, max_autotune):
     fn, shapes = BLOCKS["gelu_bias"]
     with torch._inductor.config.patch(max_autotune_gemm_backends="ATEN,CUTEDSL"), \
             config.patch(gemm_max_configs=2), lowered(fn, *shapes) as graph:
         multi = deferred_choice(graph)
         ours = [c for c in multi.choices if isinstance(c, CuteDSLTemplateCaller)]
-        winner = ours[1] if fastest == "ours" else next(
-            c for c in multi.choices if not isinstance(c, CuteDSLTemplateCaller))
         # what benchmarking would have measured
-        multi._choice_timings[None] = {c: 1.0 if c is winner else 2.0 for c in multi.choices}
+        multi._choice_timings[None] = {
+            c: (ours_ms if c is ours[1] else 9.0) if c in ours else aten_ms
+            for c in multi.choices}
         # (Inductor's own epilogue benchmarking of the deferred choice needs Triton)
-        with torch._inductor.config.patch(epilogue_fusion=fastest == "ours"):
+        with torch._inductor.config.patch(epilogue_fusion=takes_ours):
             nodes = Scheduler(graph.operations).nodes
-    if fastest == "ours":
+    if takes_ours:
         (node,) = nodes
         template, consumer = node.get_nodes()
-        assert is_cutedsl_template(template) and template.node.params == winner.params
+        assert is_cutedsl_template(template) and template.node.params == ours[1].params
     else:
         assert not any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
