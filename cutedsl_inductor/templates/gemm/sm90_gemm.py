@@ -50,6 +50,22 @@ Design
   rewrote columns 257..263 of each row); hence ``store="tma"`` requires
   ``N * sizeof(C) % 16 == 0`` (declared in the compiled signature, so other
   N are rejected at call time) and ``store="direct"`` serves any N.
+* Split-K (``split_k`` > 1, for small M whose output tiles cannot fill the
+  SMs): a cluster of ``split_k`` CTAs (``cluster_m == cluster_n == 1``) owns
+  one output tile at a time; CTA rank r runs the mainloop over its own
+  contiguous, balanced range of K tiles (empty when K has fewer tiles than
+  ``split_k``: its partial sum is then zero).  No workspace, no atomics: each
+  CTA has a dedicated fp32 reduction buffer in smem (one accumulator tile;
+  the ring cannot serve, the producer already prefetches the next tile
+  into it).  A peer (rank > 0) writes its fragment into its own buffer and
+  arrives (release, cluster scope) on the leader's "ready" mbarrier; the
+  leader (rank 0) waits on it, reads every peer's buffer through DSMEM
+  (``ld.shared::cluster``, same per-thread fragment layout), adds, and
+  arrives on each peer's "free" mbarrier, which a peer waits on before it
+  rewrites its buffer for the next tile and before it exits.  Only the
+  leader runs ``epilogue_op`` and the store, so the hook sees each full sum
+  exactly once.  The persistent walk and the cluster's tile sequence are
+  those of the unsplit kernel with clusters of ``split_k`` CTAs.
 
 Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
 ---------------------------------------------------------------------
@@ -61,6 +77,10 @@ Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
   Sizes M, K, L are free (tails handled); N too with ``store="direct"``;
   M, N, K >= 1.  ``make_fake_gemm_args`` declares exactly these contracts
   with ``cute.sym_int32/sym_int64(divisibility=...)``.
+
+* ``split_k`` in ``SPLIT_K_CHOICES``; > 1 only with ``cluster_m ==
+  cluster_n == 1`` and if two stages still fit next to the reduction buffer
+  (``tile_m * tile_n * 4`` bytes; so not with a 128x256 or 256x128 tile).
 
 Failure semantics: invalid constructor parameters raise ``ValueError``
 immediately; unsupported dtypes/layouts found while tracing ``__call__``
@@ -86,6 +106,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -106,6 +127,7 @@ SM90_SMEM_CAPACITY = 227 * 1024
 _SMEM_RESERVED = 1024 + 256
 _THREADS_PER_WG = 128
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
+SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
 
 _DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16", "BFloat16": "bf16",
@@ -134,6 +156,15 @@ def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def _split_k_clusters(num_sms: int, cluster_ctas: int) -> int:
+    """Persistent split-K clusters assumed co-resident.  A cluster must fit in one GPC
+    (16-18 SMs on H100/H200), so clusters of 4 or 8 CTAs strand a few SMs per GPC;
+    launching more clusters than fit would run the excess as a late second wave."""
+    if cluster_ctas <= 2:
+        return max(1, num_sms // cluster_ctas)
+    return max(1, num_sms * 15 // 16 // cluster_ctas)
+
+
 class Sm90Gemm:
     """Persistent warp-specialized TMA + WGMMA GEMM for sm_90a.
 
@@ -151,8 +182,15 @@ class Sm90Gemm:
     :param cooperative: two consumer warpgroups per tile (True) or one.
     :param acc_dtype: accumulator type; only ``cutlass.Float32``.
     :param max_active_clusters: persistent grid cap; default
-        ``num_sms // (cluster_m * cluster_n)``.
+        ``num_sms // (cluster_m * cluster_n)`` (split-K: ``num_sms // split_k``,
+        less a margin for clusters of 4 or 8 that cannot use every SM of a GPC).
     :param num_sms: SM count used for the default above (132 for H100/H200).
+    :param split_k: CTAs per cluster that share one output tile, each
+        accumulating a contiguous range of K tiles; their fp32 partial sums
+        are reduced through distributed shared memory into the cluster's
+        leader CTA, the only one that runs the epilogue.  One of
+        ``SPLIT_K_CHOICES``; > 1 needs ``cluster_m == cluster_n == 1`` and a
+        ``tile_m * tile_n * 4``-byte smem reduction buffer (fewer stages).
     :param store: epilogue store path.  "tma" (default, fast): smem + TMA
         store; needs ``N * sizeof(C)`` to be a multiple of 16 bytes, because
         the TMA store clips the N tail only to 16-byte granularity (it would
@@ -179,12 +217,13 @@ class Sm90Gemm:
         max_active_clusters: Optional[int] = None,
         num_sms: int = _DEFAULT_NUM_SMS,
         store: str = "tma",
+        split_k: int = 1,
     ):
         err = self.config_error(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
             cluster_n=cluster_n, stages=stages, raster=raster,
             group_size=group_size, cooperative=cooperative, acc_dtype=acc_dtype,
-            store=store,
+            store=store, split_k=split_k,
         )
         if err is not None:
             raise ValueError(f"Sm90Gemm: {err}")
@@ -196,9 +235,12 @@ class Sm90Gemm:
         self.group_size = int(group_size)
         self.cooperative = bool(cooperative)
         self.store = store
+        self.split_k = int(split_k)
         self.acc_dtype = cutlass.Float32
         if max_active_clusters is None:
-            max_active_clusters = max(1, int(num_sms) // self.cluster_size)
+            max_active_clusters = (_split_k_clusters(int(num_sms), self.split_k)
+                                   if self.split_k > 1
+                                   else max(1, int(num_sms) // self.cluster_size))
         if int(max_active_clusters) < 1:
             raise ValueError("Sm90Gemm: max_active_clusters must be >= 1")
         self.max_active_clusters = int(max_active_clusters)
@@ -221,11 +263,16 @@ class Sm90Gemm:
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
         cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
-        **_unused: Any,
+        split_k: int = 1, **_unused: Any,
     ) -> Optional[str]:
         """Return why a kernel configuration is invalid, or None if it is valid."""
         if store not in ("tma", "direct"):
             return f"store={store!r} must be 'tma' or 'direct'"
+        if split_k not in SPLIT_K_CHOICES:
+            return f"split_k={split_k} not in {SPLIT_K_CHOICES}"
+        if split_k > 1 and (cluster_m, cluster_n) != (1, 1):
+            return (f"split_k={split_k} needs cluster_m == cluster_n == 1 (the cluster "
+                    f"holds the K split), got ({cluster_m},{cluster_n})")
         if _dtype_key(acc_dtype) != "fp32":
             return f"acc_dtype must be Float32, got {acc_dtype}"
         wgs = 2 if cooperative else 1
@@ -248,8 +295,9 @@ class Sm90Gemm:
         if stages != 0 and stages < 2:
             return f"stages={stages} must be 0 (auto) or >= 2"
         # smem feasibility with the widest supported output (fp32).
-        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, wgs, stages) < 2:
-            return "tile does not fit two pipeline stages in shared memory"
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, wgs, stages, split_k) < 2:
+            extra = " next to the split-K reduction buffer" if split_k > 1 else ""
+            return f"tile does not fit two pipeline stages in shared memory{extra}"
         return None
 
     @staticmethod
@@ -258,10 +306,16 @@ class Sm90Gemm:
         return 64 * wgs * 32 * c_bytes * epi_stages
 
     @staticmethod
+    def _reduce_bytes(tile_m: int, tile_n: int, split_k: int) -> int:
+        """The split-K reduction buffer: one fp32 accumulator tile (none without split)."""
+        return tile_m * tile_n * 4 if split_k > 1 else 0
+
+    @staticmethod
     def _num_stages(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int,
-                    c_bytes: int, wgs: int, requested: int) -> int:
+                    c_bytes: int, wgs: int, requested: int, split_k: int = 1) -> int:
         per_stage = (tile_m + tile_n) * tile_k * ab_bytes
-        budget = SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
+        budget = (SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
+                  - Sm90Gemm._reduce_bytes(tile_m, tile_n, split_k))
         fit = budget // per_stage
         if requested:
             return requested if requested <= fit else 0
@@ -340,7 +394,7 @@ class Sm90Gemm:
         c_bytes = c_dtype.width // 8
         self.stages = self._num_stages(
             self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages,
+            self.num_consumer_wgs, self.requested_stages, self.split_k,
         )
         if self.stages < 2:
             raise ValueError(
@@ -419,16 +473,21 @@ class Sm90Gemm:
 
         stages = self.stages
         c_smem_elems = cute.cosize(self.sC_layout) if self.store == "tma" else 8
+        reduce_elems = max(self._reduce_bytes(tm, tn, self.split_k) // 4, 4)
 
         @cute.struct
         class GemmSmem:
             ring_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            # split-K: "partials ready" (used in the leader), "buffer free" (peers)
+            reduce_bars: cute.struct.MemRange[cutlass.Int64, 2]
             smem_a: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.sA_layout)], 1024]
             smem_b: cute.struct.Align[
                 cute.struct.MemRange[self.b_dtype, cute.cosize(self.sB_layout)], 1024]
             smem_c: cute.struct.Align[
                 cute.struct.MemRange[self.c_dtype, c_smem_elems], 1024]
+            reduce_buf: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, reduce_elems], 128]
 
         self.smem_struct = GemmSmem
 
@@ -439,9 +498,10 @@ class Sm90Gemm:
             self.sA_layout, self.sB_layout, self.sC_layout,
             prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
         ).launch(
-            grid=(self.cluster_m, self.cluster_n, num_persistent),
+            # With split-K the cluster's x extent holds the K split (cluster_m == 1).
+            grid=(self.cluster_m * self.split_k, self.cluster_n, num_persistent),
             block=[self.num_threads, 1, 1],
-            cluster=(self.cluster_m, self.cluster_n, 1),
+            cluster=(self.cluster_m * self.split_k, self.cluster_n, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
@@ -532,8 +592,23 @@ class Sm90Gemm:
             if cutlass.const_expr(self.store == "tma"):
                 cpasync.prefetch_descriptor(tma_c)
 
-        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cta_crd = cluster_layout.get_flat_coord(cta_rank)
+        split = self.split_k
+        if cutlass.const_expr(split > 1):
+            # The cluster is the K split of one output tile (cluster_m == cluster_n == 1);
+            # rank 0 is the leader that reduces the partial sums and runs the epilogue.
+            split_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cta_crd = (0, 0, 0)
+            # This CTA's contiguous range of K tiles: balanced, empty if k_tiles < split.
+            k_base = k_tiles // split
+            k_extra = k_tiles - k_base * split
+            k_begin = split_rank * k_base + min(split_rank, k_extra)
+            my_k_tiles = (split_rank + 1) * k_base + min(split_rank + 1, k_extra) - k_begin
+        else:
+            split_rank = cutlass.Int32(0)
+            cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cta_crd = cluster_layout.get_flat_coord(cta_rank)
+            k_begin = cutlass.Int32(0)
+            my_k_tiles = k_tiles
         mask_a = 0
         mask_b = 0
         if cutlass.const_expr(self.cluster_n > 1):
@@ -543,13 +618,23 @@ class Sm90Gemm:
 
         alloc = SmemAllocator()
         smem = alloc.allocate(self.smem_struct)
+        num_consumer_warps = self.num_consumer_threads // 32
+        reduce_ready = smem.reduce_bars.data_ptr()
+        reduce_free = reduce_ready + 1
+        if cutlass.const_expr(split > 1):
+            # Fenced and made cluster-visible by the pipeline creation below.
+            if warp == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(reduce_ready, (split - 1) * num_consumer_warps)
+                    cute.arch.mbarrier_init(reduce_free, num_consumer_warps)
 
         stage_bytes = cute.size_in_bytes(
             self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.b_dtype, cute.slice_(sB_layout, (None, None, 0)))
         # Creating the pipeline also initialises its mbarriers and syncs the
         # whole cluster, so every CTA sees initialised barriers before any
-        # multicast or remote arrive.
+        # multicast or remote arrive.  The cluster's K mode (split-K) has no
+        # multicast: each CTA's consumers release only their own ring.
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=smem.ring_bars.data_ptr(),
             num_stages=self.stages,
@@ -557,7 +642,7 @@ class Sm90Gemm:
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.num_consumer_threads),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, 1)),
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, split)),
             enable_multicast_signaling=True,
         )
 
@@ -591,12 +676,13 @@ class Sm90Gemm:
                         linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
                     src_a = tAgA[(None, m_t, None, l_t)]
                     src_b = tBgB[(None, n_t, None, l_t)]
-                    for kt in range(k_tiles):
+                    for kt in range(my_k_tiles):
                         ring.producer_acquire(prod_state)
                         bar = ring.producer_get_barrier(prod_state)
-                        cute.copy(tma_a, src_a[(None, kt)], tAsA[(None, prod_state.index)],
+                        k_idx = k_begin + kt
+                        cute.copy(tma_a, src_a[(None, k_idx)], tAsA[(None, prod_state.index)],
                                   tma_bar_ptr=bar, mcast_mask=mask_a)
-                        cute.copy(tma_b, src_b[(None, kt)], tBsB[(None, prod_state.index)],
+                        cute.copy(tma_b, src_b[(None, k_idx)], tBsB[(None, prod_state.index)],
                                   tma_bar_ptr=bar, mcast_mask=mask_b)
                         ring.producer_commit(prod_state)
                         prod_state.advance()
@@ -615,6 +701,19 @@ class Sm90Gemm:
             acc = cute.make_rmem_tensor(
                 tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
+            if cutlass.const_expr(split > 1):
+                # Split-K reduction buffer: thread t's fragment element v sits at
+                # (v // 4) * 4T + 4t + v % 4 (T consumer threads), so every access
+                # is a 16-byte vector and a warp's accesses are contiguous.
+                frag = cute.size(acc)
+                acc_flat = cute.make_tensor(acc.iterator, cute.make_layout(frag))
+                partial = cute.make_rmem_tensor((frag,), self.acc_dtype)
+                nthr = self.num_consumer_threads
+                reduce_layout = cute.make_layout(((4, frag // 4), nthr),
+                                                 stride=((1, 4 * nthr), 4))
+                reduce_ptr = smem.reduce_buf.data_ptr()
+                my_slot = cute.make_tensor(reduce_ptr, reduce_layout)[(None, ctid)]
+                lane = cute.arch.lane_idx()
 
             if cutlass.const_expr(self.store == "tma"):
                 # Epilogue plumbing: registers -> swizzled smem (stmatrix) -> TMA.
@@ -659,7 +758,7 @@ class Sm90Gemm:
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
                 warpgroup.fence()
-                for kt in range(k_tiles):
+                for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc,
@@ -672,46 +771,80 @@ class Sm90Gemm:
                         free_state.advance()
                     read_state.advance()
                 warpgroup.wait_group(0)
-                if k_tiles > 0:
+                if my_k_tiles > 0:
                     ring.consumer_release(free_state)
                     free_state.advance()
 
-                # ---------------- epilogue math (fusion hook)
-                coords = thr_mma.partition_C(
-                    cute.local_tile(ident, (tm, tn), (m_t, n_t)))
-                self.epilogue_op(acc, coords, l_t, prob_m, prob_n, mBias, alpha, beta,
-                                 epi_args)
+                if cutlass.const_expr(split > 1):
+                    # ---------------- split-K: reduce the partial sums into the leader
+                    if split_rank == 0:
+                        cute.arch.mbarrier_wait(reduce_ready, tiles_done % 2)
+                        cute.arch.fence_acq_rel_cluster()
+                        for peer in cutlass.range_constexpr(1, split):
+                            peer_buf = cute.make_tensor(
+                                cute.arch.map_dsmem_ptr(reduce_ptr, peer), reduce_layout)
+                            cute.autovec_copy(peer_buf[(None, ctid)], partial)
+                            acc_flat.store(acc_flat.load() + partial.load())
+                        # Each warp hands the peers' buffers back once it has read them.
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            for peer in cutlass.range_constexpr(1, split):
+                                cute.arch.mbarrier_arrive(reduce_free, peer,
+                                                          scope=nvvm.MemScopeKind.CLUSTER)
+                    else:
+                        # Wait until the leader has read this buffer's previous tile.
+                        cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
+                        cute.arch.fence_acq_rel_cluster()
+                        cute.autovec_copy(acc_flat, my_slot)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            cute.arch.fence_acq_rel_cluster()
+                            cute.arch.mbarrier_arrive(reduce_ready, 0,
+                                                      scope=nvvm.MemScopeKind.CLUSTER)
 
-                if cutlass.const_expr(self.store == "tma"):
-                    # ---------------- cast -> smem -> TMA store, sub-tile by sub-tile
-                    gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)], self.epi_tile)
-                    bSG_sC, bSG_gC = cpasync.tma_partition(
-                        tma_c, 0, cute.make_layout(1),
-                        cute.group_modes(sC, 0, 2), gC_tile)
-                    for s in cutlass.range_constexpr(num_subs):
-                        for v in cutlass.range_constexpr(sub_size):
-                            sub_f32[v] = tRS_acc[s * sub_size + v]
-                        sub_out.store(sub_f32.load().to(self.c_dtype))
-                        buf = (tiles_done * num_subs + s) % self.epi_stages
-                        cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        epi_bar.arrive_and_wait()
-                        if warp == self.store_warp:
-                            cute.copy(tma_c, bSG_sC[(None, buf)],
-                                      bSG_gC[(None, (s // subs_n, s % subs_n))])
-                            store_pipe.producer_commit()
-                            store_pipe.producer_acquire()
-                        epi_bar.arrive_and_wait()
+                # Only the leader (every CTA without split-K) holds the full sum.
+                if split_rank == 0:
+                    # ---------------- epilogue math (fusion hook)
+                    coords = thr_mma.partition_C(
+                        cute.local_tile(ident, (tm, tn), (m_t, n_t)))
+                    self.epilogue_op(acc, coords, l_t, prob_m, prob_n, mBias, alpha, beta,
+                                     epi_args)
 
-                else:
-                    # ---------------- predicated direct stores (any N)
-                    for i in cutlass.range(cute.size(acc), unroll_full=True):
-                        mn = coords[i]
-                        if cute.elem_less(mn, (prob_m, prob_n)):
-                            tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
+                    if cutlass.const_expr(self.store == "tma"):
+                        # ---------------- cast -> smem -> TMA store, sub-tile by sub-tile
+                        gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)],
+                                                     self.epi_tile)
+                        bSG_sC, bSG_gC = cpasync.tma_partition(
+                            tma_c, 0, cute.make_layout(1),
+                            cute.group_modes(sC, 0, 2), gC_tile)
+                        for s in cutlass.range_constexpr(num_subs):
+                            for v in cutlass.range_constexpr(sub_size):
+                                sub_f32[v] = tRS_acc[s * sub_size + v]
+                            sub_out.store(sub_f32.load().to(self.c_dtype))
+                            buf = (tiles_done * num_subs + s) % self.epi_stages
+                            cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            epi_bar.arrive_and_wait()
+                            if warp == self.store_warp:
+                                cute.copy(tma_c, bSG_sC[(None, buf)],
+                                          bSG_gC[(None, (s // subs_n, s % subs_n))])
+                                store_pipe.producer_commit()
+                                store_pipe.producer_acquire()
+                            epi_bar.arrive_and_wait()
+
+                    else:
+                        # ---------------- predicated direct stores (any N)
+                        for i in cutlass.range(cute.size(acc), unroll_full=True):
+                            mn = coords[i]
+                            if cute.elem_less(mn, (prob_m, prob_n)):
+                                tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
 
                 tiles_done += 1
                 linear += n_persistent
+            if cutlass.const_expr(split > 1):
+                # A peer may exit only after the leader has read its last partial.
+                if split_rank != 0:
+                    cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
             if cutlass.const_expr(self.store == "tma"):
                 if warp == self.store_warp:
                     store_pipe.producer_tail()
@@ -737,6 +870,21 @@ _EXTRA_CONFIGS = [
     dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
 ]
 
+# Split-K candidates (``split_k`` in ``_SPLIT_K_FACTORS``), only for problems with too
+# few output tiles to fill the SMs.  Their reduction buffer leaves room for >= 3 stages.
+_SPLIT_K_BASE_CONFIGS = [
+    dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
+    dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+]
+_SPLIT_K_FACTORS = (2, 4, 8)
+# Split-K is considered while the output tiles fill less than this fraction of the SMs.
+_SPLIT_K_MAX_FILL = 0.6
+# The leader's DSMEM reduction reads (split_k - 1) fp32 tiles: at ~32 B/clk against
+# ~2048 WGMMA FMA/clk per SM that costs about as much as this many extra K elements of
+# mainloop per additional split.
+_SPLIT_K_REDUCE_K = 256
+
 # Rough relative mainloop efficiency of a tile shape (bigger tiles reuse more).
 _TILE_EFFICIENCY = {
     (128, 256): 1.00, (256, 128): 1.00, (128, 192): 0.95, (128, 128): 0.88,
@@ -745,11 +893,13 @@ _TILE_EFFICIENCY = {
 
 
 def config_name(cfg: dict) -> str:
-    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm``."""
-    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}".format(
+    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_k4`` for split_k=4)."""
+    split_k = cfg.get("split_k", 1)
+    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
         cfg.get("cluster_n", 1), "coop" if cfg.get("cooperative", True) else "1wg",
         cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
+        f"_k{split_k}" if split_k > 1 else "",
         "_direct" if cfg.get("store", "tma") == "direct" else "")
 
 
@@ -763,19 +913,33 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     Cost model: waves x per-tile work / tile efficiency, with padding waste of
     partial tiles counted as work.  Ties prefer multicast clusters (less L2
     traffic) and the raster whose fast direction has more tiles.
+
+    Split-K candidates enter only when the output tiles fill less than
+    ``_SPLIT_K_MAX_FILL`` of the SMs and every split gets >= 2 K tiles; their
+    per-tile work is ``ceil(k / split_k)`` plus the DSMEM reduction, counted
+    as ``_SPLIT_K_REDUCE_K`` K elements per additional split.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0
     del dtype  # both 16-bit input types behave the same
+    candidates = list(DEFAULT_CONFIGS + _EXTRA_CONFIGS)
+    for cfg in _SPLIT_K_BASE_CONFIGS:
+        tiles = _ceil_div(m, cfg["tile_m"]) * _ceil_div(n, cfg["tile_n"]) * l
+        k_tiles = _ceil_div(k, cfg["tile_k"])
+        if tiles < _SPLIT_K_MAX_FILL * num_sms:
+            candidates += [dict(cfg, split_k=s) for s in _SPLIT_K_FACTORS if k_tiles >= 2 * s]
     scored = []
-    for cfg in DEFAULT_CONFIGS + _EXTRA_CONFIGS:
+    for cfg in candidates:
         tm, tn = cfg["tile_m"], cfg["tile_n"]
         cm, cn = cfg.get("cluster_m", 1), cfg.get("cluster_n", 1)
+        split_k = cfg.get("split_k", 1)
         tiles_m, tiles_n = _ceil_div(m, tm), _ceil_div(n, tn)
         clusters = _ceil_div(tiles_m, cm) * _ceil_div(tiles_n, cn) * l
-        slots = max(1, num_sms // (cm * cn))
+        slots = (_split_k_clusters(num_sms, split_k) if split_k > 1
+                 else max(1, num_sms // (cm * cn)))
         waves = _ceil_div(clusters, slots)
-        cost = waves * tm * tn * max(k, 64) / _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        k_work = max(_ceil_div(k, split_k), 64) + _SPLIT_K_REDUCE_K * (split_k - 1)
+        cost = waves * tm * tn * k_work / _TILE_EFFICIENCY.get((tm, tn), 0.6)
         # Clusters whose partner CTA would sit entirely outside the problem
         # waste an SM: penalise clusters along a dimension with a single tile.
         if (cm > 1 and tiles_m < 2) or (cn > 1 and tiles_n < 2):

@@ -11,6 +11,7 @@ kernel (sm_90 target, bf16/fp16 operands of one dtype, output in that dtype, uni
 stride on one side of each operand, 16-byte aligned leading dimensions, aligned base
 pointers) and appends one choice per config from the heuristic (``pick_configs``,
 ``config.gemm_max_configs``; every valid config with ``config.gemm_exhaustive``).
+A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters.
 A problem that does not suit it gets no choice, with a debug log saying why.
 """
 
@@ -56,7 +57,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     gemm = {% if has_epilogue %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
-        store=STORE,
+        store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_mnl = as_mnl(bias){% else %}bias_mnl = None{% endif %}
@@ -76,13 +77,17 @@ GEMM_OPS = ("mm", "addmm", "bmm")
 
 
 def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
-    return {
+    params = {
         "TILE_M": cfg["tile_m"], "TILE_N": cfg["tile_n"], "TILE_K": cfg.get("tile_k", 64),
         "CLUSTER_M": cfg.get("cluster_m", 1), "CLUSTER_N": cfg.get("cluster_n", 1),
         "STAGES": cfg.get("stages", 0), "RASTER": cfg.get("raster", "m"),
         "COOPERATIVE": cfg.get("cooperative", True), "STORE": cfg.get("store", "tma"),
         "HAS_BIAS": has_bias, "ALPHA": float(alpha), "BETA": float(beta),
     }
+    # Only when split: the source (and cache key) of unsplit choices stays as it was.
+    if cfg.get("split_k", 1) > 1:
+        params["SPLIT_K"] = cfg["split_k"]
+    return params
 
 
 def _operand_layout(node: Any, unit_last: str, unit_second: str) -> tuple[str | None, Any]:

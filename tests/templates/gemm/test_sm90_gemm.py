@@ -148,3 +148,65 @@ def test_pick_configs():
     assert all(c["store"] == "direct" for c in pick_configs(129, 258, 65, out_dtype="fp32"))
     assert all(c.get("store", "tma") == "tma"
                for c in pick_configs(129, 260, 65, out_dtype="fp32"))
+
+
+# -- split-K (cluster K split, DSMEM reduction) ----------------------------------------
+
+SPLIT_K_CASES = [  # (config, A major, B major, bias dtype)
+    (dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n", split_k=2),
+     "k", "k", None),
+    (dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n", split_k=4,
+          store="direct"), "m", "n", "bf16"),
+    (dict(tile_m=128, tile_n=128, tile_k=64, cooperative=True, raster="m", split_k=4),
+     "m", "k", "bf16"),
+    (dict(tile_m=128, tile_n=128, tile_k=64, cooperative=True, raster="m", split_k=2,
+          store="direct"), "k", "n", None),
+    (dict(tile_m=64, tile_n=256, tile_k=64, cooperative=False, raster="n", split_k=8),
+     "k", "n", None),
+]
+
+
+@pytest.mark.parametrize("cfg,a_major,b_major,bias", SPLIT_K_CASES,
+                         ids=[config_name(c[0]) + f"_A{c[1]}_B{c[2]}" for c in SPLIT_K_CASES])
+def test_split_k_variants_compile(cfg, a_major, b_major, bias):
+    assert callable(compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias))
+
+
+def test_split_k_fp32_output_compiles():
+    cfg = dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n", split_k=4)
+    compile_sm90_gemm(cfg, "bf16", "fp32", "k", "k", bias_dtype="fp32")
+
+
+def test_split_k_config_errors():
+    assert Sm90Gemm.config_error(split_k=3) is not None
+    assert Sm90Gemm.config_error(split_k=16) is not None
+    assert "cluster_m == cluster_n == 1" in Sm90Gemm.config_error(split_k=2, cluster_m=2)
+    assert "cluster_m == cluster_n == 1" in Sm90Gemm.config_error(split_k=4, cluster_n=2)
+    # The fp32 reduction buffer of a 128x256 tile leaves no room for two stages.
+    assert "reduction buffer" in Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2)
+    assert Sm90Gemm.config_error(tile_m=128, tile_n=128, split_k=4) is None
+    with pytest.raises(ValueError):
+        Sm90Gemm(split_k=2, cluster_m=2)
+    # The persistent grid counts whole clusters: split_k CTAs each.
+    assert Sm90Gemm(tile_m=128, tile_n=128, split_k=2).max_active_clusters == 132 // 2
+    assert Sm90Gemm(tile_m=128, tile_n=128, split_k=4).max_active_clusters < 132 // 4
+
+
+def test_split_k_config_name():
+    cfg = dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n")
+    assert config_name(dict(cfg, split_k=1)) == config_name(cfg) == "t64x128x64_c1x1_1wg_rn"
+    assert config_name(dict(cfg, split_k=4, store="direct")) == "t64x128x64_c1x1_1wg_rn_k4_direct"
+
+
+def test_pick_configs_splits_k_only_when_tiles_are_few():
+    for m in (1, 16, 64, 128, 256):
+        for n, k in ((4096, 4096), (4096, 14336)):
+            best = pick_configs(m, n, k)[0]
+            assert best.get("split_k", 1) > 1, (m, n, k, best)
+    for shape in [(4096, 4096, 4096), (8192, 14336, 4096), (256, 14336, 4096),
+                  (1, 1, 1), (64, 4096, 64)]:
+        assert all(c.get("split_k", 1) == 1 for c in pick_configs(*shape)), shape
+    for c in pick_configs(100, 201, 4096):  # odd N: split-K with the direct store
+        assert Sm90Gemm.config_error(**c) is None
+        assert c["store"] == "direct"
+    assert any(c.get("split_k", 1) > 1 for c in pick_configs(100, 201, 4096))

@@ -39,3 +39,16 @@ def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
     assert any(c.params["HAS_BIAS"] for c in choices)
     assert any(len(c.specs[0].shape) == 3 for c in choices)
     assert len({c.hash_key() for c in choices}) == len(choices)
+
+
+def test_split_k_choice_renders_split_k_only_when_split(graph):
+    a = make_input(graph, "a", (64, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    choices = []
+    gemm_choices(choices, "mm", [a, b], make_layout((64, 4096), torch.bfloat16))
+    split = [c for c in choices if "SPLIT_K" in c.params]
+    unsplit = [c for c in choices if "SPLIT_K" not in c.params]
+    assert split and unsplit
+    assert all("split_k=SPLIT_K" in c.source and "SPLIT_K" in c.description for c in split)
+    assert all("split_k" not in c.source.lower() for c in unsplit)
+    assert isinstance(split[0].load().kernel_fn, tvm_ffi.Function)
