@@ -873,6 +873,7 @@ _EXTRA_CONFIGS = [
 # Split-K candidates (``split_k`` in ``_SPLIT_K_FACTORS``), only for problems with too
 # few output tiles to fill the SMs.  Their reduction buffer leaves room for >= 3 stages.
 _SPLIT_K_BASE_CONFIGS = [
+    dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
