@@ -30,7 +30,22 @@ Design
   warps idle with a minimal register budget) + 1 or 2 consumer warpgroups
   issuing WGMMA (``cooperative=True``: two warpgroups share one
   ``tile_m x tile_n`` tile, split along M; ``cooperative=False``: one
-  warpgroup owns the whole tile).  Ping-pong scheduling is not implemented.
+  warpgroup owns the whole tile).
+* Ping-pong (``pingpong=True``, with ``cooperative=False``): two consumer
+  warpgroups, each owning whole ``tile_m x tile_n`` tiles, take alternate
+  tiles of the CTA's persistent walk (warpgroup 0 the 1st, 3rd, ...;
+  warpgroup 1 the 2nd, 4th, ...), so one warpgroup's epilogue overlaps the
+  other's mainloop.  The producer is unchanged: it loads the CTA's tiles in
+  walk order into the one ring, and every stage is consumed (and released)
+  by one warpgroup (the ring's consumer count is one warpgroup); each
+  consumer advances its pipeline states past the ``k_tiles`` stages of the
+  other's tile.  Two named barriers hand the mainloop turn over in tile
+  order (a warpgroup waits for its turn before its first k-stage wait and
+  passes it on once its last WGMMA is issued); this is also what keeps a
+  warpgroup from waiting on a ring slot more than one phase ahead of the
+  producer.  The epilogues need no ordering: each warpgroup has its own
+  smem store buffers, named barrier, TMA-store warp (its first warp) and
+  bulk-group accounting.
 * Operands travel gmem -> smem by TMA (``cp.async.bulk.tensor``) into a
   ``stages``-deep ring guarded by a PipelineTmaAsync (full/empty mbarriers).
   With a cluster, A is multicast across the ``cluster_n`` CTAs that share
@@ -149,6 +164,10 @@ class Sm90Gemm:
     :param raster: "m" or "n": the fast direction of the persistent walk.
     :param group_size: band width (in clusters) of the swizzled raster.
     :param cooperative: two consumer warpgroups per tile (True) or one.
+    :param pingpong: two consumer warpgroups, each owning whole tiles and
+        taking alternate tiles of the CTA's walk, so that one's epilogue
+        overlaps the other's mainloop.  Needs ``cooperative=False``; tile_m
+        64 or 128 (per warpgroup).
     :param acc_dtype: accumulator type; only ``cutlass.Float32``.
     :param max_active_clusters: persistent grid cap; default
         ``num_sms // (cluster_m * cluster_n)``.
@@ -161,7 +180,7 @@ class Sm90Gemm:
         predicated per-element stores from registers, any N, slower epilogue.
 
     The per-thread accumulator is limited to 128 fp32 registers:
-    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups)``.
+    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups sharing a tile)``.
     """
 
     def __init__(
@@ -179,12 +198,13 @@ class Sm90Gemm:
         max_active_clusters: Optional[int] = None,
         num_sms: int = _DEFAULT_NUM_SMS,
         store: str = "tma",
+        pingpong: bool = False,
     ):
         err = self.config_error(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
             cluster_n=cluster_n, stages=stages, raster=raster,
             group_size=group_size, cooperative=cooperative, acc_dtype=acc_dtype,
-            store=store,
+            store=store, pingpong=pingpong,
         )
         if err is not None:
             raise ValueError(f"Sm90Gemm: {err}")
@@ -195,6 +215,7 @@ class Sm90Gemm:
         self.raster = raster
         self.group_size = int(group_size)
         self.cooperative = bool(cooperative)
+        self.pingpong = bool(pingpong)
         self.store = store
         self.acc_dtype = cutlass.Float32
         if max_active_clusters is None:
@@ -203,14 +224,17 @@ class Sm90Gemm:
             raise ValueError("Sm90Gemm: max_active_clusters must be >= 1")
         self.max_active_clusters = int(max_active_clusters)
 
-        self.num_consumer_wgs = 2 if self.cooperative else 1
+        self.num_consumer_wgs = 2 if self.cooperative or self.pingpong else 1
         self.num_consumer_threads = self.num_consumer_wgs * _THREADS_PER_WG
         self.num_threads = _THREADS_PER_WG + self.num_consumer_threads
-        # Consumer warpgroups are stacked along M.
-        self.mma_atom_layout = (self.num_consumer_wgs, 1, 1)
+        # Consumer warpgroups that share one tile (stacked along M), and the
+        # threads that consume each pipeline stage and store each tile.
+        self.tile_wgs = 2 if self.cooperative else 1
+        self.tile_threads = self.tile_wgs * _THREADS_PER_WG
+        self.mma_atom_layout = (self.tile_wgs, 1, 1)
         # Epilogue sub-tile: rows covered by one M-repetition of the tiled MMA
-        # (64 per consumer warpgroup) x 32 columns.
-        self.epi_tile = (64 * self.num_consumer_wgs, 32)
+        # (64 per consumer warpgroup of the tile) x 32 columns.
+        self.epi_tile = (64 * self.tile_wgs, 32)
         self.producer_regs = 40
         self.consumer_regs = 232
         self.store_warp = 4  # first consumer warp issues the TMA stores
@@ -221,13 +245,15 @@ class Sm90Gemm:
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
         cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
-        **_unused: Any,
+        pingpong: bool = False, **_unused: Any,
     ) -> Optional[str]:
         """Return why a kernel configuration is invalid, or None if it is valid."""
         if store not in ("tma", "direct"):
             return f"store={store!r} must be 'tma' or 'direct'"
         if _dtype_key(acc_dtype) != "fp32":
             return f"acc_dtype must be Float32, got {acc_dtype}"
+        if pingpong and cooperative:
+            return "pingpong=True needs cooperative=False (each warpgroup owns its tiles)"
         wgs = 2 if cooperative else 1
         allowed_m = (128, 256) if cooperative else (64, 128)
         if tile_m not in allowed_m:
@@ -247,8 +273,10 @@ class Sm90Gemm:
             return f"group_size={group_size} must be >= 1"
         if stages != 0 and stages < 2:
             return f"stages={stages} must be 0 (auto) or >= 2"
-        # smem feasibility with the widest supported output (fp32).
-        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, wgs, stages) < 2:
+        # smem feasibility with the widest supported output (fp32); ping-pong
+        # keeps one epilogue buffer per consumer warpgroup.
+        epi_wgs = 2 if pingpong else wgs
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages) < 2:
             return "tile does not fit two pipeline stages in shared memory"
         return None
 
@@ -356,8 +384,10 @@ class Sm90Gemm:
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype, self.stages)
         self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype, self.stages)
+        # Ping-pong: each consumer warpgroup has its own epi_stages buffers.
+        epi_groups = self.num_consumer_wgs // self.tile_wgs
         self.sC_layout = sm90_utils.make_smem_layout_epi(
-            c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages)
+            c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages * epi_groups)
 
     # ------------------------------------------------------------- host entry
     @cute.jit
@@ -495,6 +525,30 @@ class Sm90Gemm:
                     val = val + beta * bias
                 acc[i] = val
 
+    # ------------------------------------------------------ ping-pong handoffs
+    # Named barriers 3 and 4 order the two consumer warpgroups' mainloops in
+    # tile order: warpgroup w waits on barrier 3 + w (bar.sync, 128 threads)
+    # until the other warpgroup arrives on it (bar.arrive, 128 threads) after
+    # issuing the last WGMMA of the preceding tile.  Both sides are
+    # predicated so that every arrive has exactly one matching wait.
+    _PINGPONG_BARRIER = 3
+
+    def pingpong_wait_turn(self, pp_wg):
+        """Block this consumer warpgroup until its mainloop turn."""
+        pipeline.NamedBarrier(barrier_id=self._PINGPONG_BARRIER + pp_wg,
+                              num_threads=2 * _THREADS_PER_WG).arrive_and_wait()
+
+    def pingpong_pass_turn(self, pp_wg):
+        """Hand the mainloop turn to the other consumer warpgroup."""
+        pipeline.NamedBarrier(barrier_id=self._PINGPONG_BARRIER + 1 - pp_wg,
+                              num_threads=2 * _THREADS_PER_WG).arrive()
+
+    def pingpong_skip_stages(self, read_state, free_state, count):
+        """Advance both consumer pipeline states past ``count`` ring stages
+        (those of the other warpgroup's tile)."""
+        read_state.advance(count)
+        free_state.advance(count)
+
     # ---------------------------------------------------------------- kernel
     @cute.kernel
     def kernel(
@@ -555,7 +609,7 @@ class Sm90Gemm:
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_consumer_threads),
+                pipeline.Agent.Thread, self.tile_threads),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, 1)),
             enable_multicast_signaling=True,
@@ -607,6 +661,15 @@ class Sm90Gemm:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - _THREADS_PER_WG
             wg_mma = tiled_mma.get_slice((wg - 1) * _THREADS_PER_WG)
+            # Ping-pong: which of the two warpgroups this is (0 or 1), each one
+            # a whole tile's MMA / epilogue thread group of its own.
+            pp_wg = 0
+            store_warp = self.store_warp
+            if cutlass.const_expr(self.pingpong):
+                pp_wg = wg - 1
+                ctid = tidx - wg * _THREADS_PER_WG
+                wg_mma = tiled_mma.get_slice(0)
+                store_warp = self.store_warp + pp_wg * 4
             thr_mma = tiled_mma.get_slice(ctid)
             tCsA = wg_mma.partition_A(sA)
             tCsB = wg_mma.partition_B(sB)
@@ -637,11 +700,12 @@ class Sm90Gemm:
                 subs_m = tm // epi_m
                 subs_n = tn // epi_n
                 num_subs = subs_m * subs_n
-                epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
+                epi_bar = pipeline.NamedBarrier(barrier_id=1 + pp_wg,
+                                                num_threads=self.tile_threads)
                 store_pipe = pipeline.PipelineTmaStore.create(
                     num_stages=self.epi_stages,
                     producer_group=pipeline.CooperativeGroup(
-                        pipeline.Agent.Thread, self.num_consumer_threads),
+                        pipeline.Agent.Thread, self.tile_threads),
                 )
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
@@ -652,9 +716,19 @@ class Sm90Gemm:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             tiles_done = cutlass.Int32(0)
             linear = linear_start
+            walk_stride = n_persistent
+            if cutlass.const_expr(self.pingpong):
+                # Warpgroup 1 starts on the CTA's second tile, past the stages
+                # of the first; both then take every other tile.
+                linear = linear_start + pp_wg * n_persistent
+                walk_stride = 2 * n_persistent
+                self.pingpong_skip_stages(read_state, free_state, k_tiles * pp_wg)
             while linear < total_clusters:
                 m_t, n_t, l_t = self.tile_of(
                     linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
+                if cutlass.const_expr(self.pingpong):
+                    if linear > linear_start:
+                        self.pingpong_wait_turn(pp_wg)
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
@@ -671,10 +745,18 @@ class Sm90Gemm:
                         ring.consumer_release(free_state)
                         free_state.advance()
                     read_state.advance()
+                if cutlass.const_expr(self.pingpong):
+                    # Every WGMMA of this tile is issued: the other warpgroup
+                    # may start issuing its next tile (if there is one).
+                    if linear + n_persistent < total_clusters:
+                        self.pingpong_pass_turn(pp_wg)
                 warpgroup.wait_group(0)
                 if k_tiles > 0:
                     ring.consumer_release(free_state)
                     free_state.advance()
+                if cutlass.const_expr(self.pingpong):
+                    # The other warpgroup's next tile comes next in the ring.
+                    self.pingpong_skip_stages(read_state, free_state, k_tiles)
 
                 # ---------------- epilogue math (fusion hook)
                 coords = thr_mma.partition_C(
@@ -693,10 +775,12 @@ class Sm90Gemm:
                             sub_f32[v] = tRS_acc[s * sub_size + v]
                         sub_out.store(sub_f32.load().to(self.c_dtype))
                         buf = (tiles_done * num_subs + s) % self.epi_stages
+                        if cutlass.const_expr(self.pingpong):
+                            buf += pp_wg * self.epi_stages
                         cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
                         cute.arch.fence_proxy("async.shared", space="cta")
                         epi_bar.arrive_and_wait()
-                        if warp == self.store_warp:
+                        if warp == store_warp:
                             cute.copy(tma_c, bSG_sC[(None, buf)],
                                       bSG_gC[(None, (s // subs_n, s % subs_n))])
                             store_pipe.producer_commit()
@@ -711,9 +795,9 @@ class Sm90Gemm:
                             tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
 
                 tiles_done += 1
-                linear += n_persistent
+                linear += walk_stride
             if cutlass.const_expr(self.store == "tma"):
-                if warp == self.store_warp:
+                if warp == store_warp:
                     store_pipe.producer_tail()
 
 
