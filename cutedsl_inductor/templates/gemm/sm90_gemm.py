@@ -813,12 +813,21 @@ DEFAULT_CONFIGS = [
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
     dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False, raster="n"),
+    # Ping-pong: tile sizes are per consumer warpgroup (128x128 fp32 accumulator max).
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False,
+         pingpong=True, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False,
+         pingpong=True, raster="n"),
+    dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False,
+         pingpong=True, raster="n"),
 ]
 
 # Extra small-tile candidates only used by the heuristic for tiny problems.
 _EXTRA_CONFIGS = [
     dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
+         pingpong=True, raster="m"),
 ]
 
 # Rough relative mainloop efficiency of a tile shape (bigger tiles reuse more).
@@ -826,13 +835,23 @@ _TILE_EFFICIENCY = {
     (128, 256): 1.00, (256, 128): 1.00, (128, 192): 0.95, (128, 128): 0.88,
     (64, 256): 0.80, (128, 64): 0.70, (64, 128): 0.70, (64, 64): 0.55,
 }
+# Ping-pong tiles (per warpgroup) once every CTA has at least two tiles, so that
+# the epilogues hide behind the other warpgroup's mainloop.  With fewer tiles a
+# ping-pong CTA is one warpgroup doing the whole tile while the other idles:
+# _PINGPONG_ONE_WAVE x the table above.
+_PINGPONG_EFFICIENCY = {(128, 128): 0.97, (64, 256): 0.88}
+_PINGPONG_ONE_WAVE = 0.9
 
 
 def config_name(cfg: dict) -> str:
-    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm``."""
+    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong)."""
+    if cfg.get("pingpong", False):
+        consumers = "pp"
+    else:
+        consumers = "coop" if cfg.get("cooperative", True) else "1wg"
     return "t{}x{}x{}_c{}x{}_{}_r{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
-        cfg.get("cluster_n", 1), "coop" if cfg.get("cooperative", True) else "1wg",
+        cfg.get("cluster_n", 1), consumers,
         cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
         "_direct" if cfg.get("store", "tma") == "direct" else "")
 
@@ -845,8 +864,11 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     config has ``store="direct"`` (see :class:`Sm90Gemm`).
 
     Cost model: waves x per-tile work / tile efficiency, with padding waste of
-    partial tiles counted as work.  Ties prefer multicast clusters (less L2
-    traffic) and the raster whose fast direction has more tiles.
+    partial tiles counted as work.  A ping-pong config gets its better
+    efficiency only with at least two waves (two tiles per CTA), a worse one
+    otherwise.  Ties prefer
+    multicast clusters (less L2 traffic) and the raster whose fast direction
+    has more tiles.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0
@@ -859,7 +881,11 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         clusters = _ceil_div(tiles_m, cm) * _ceil_div(tiles_n, cn) * l
         slots = max(1, num_sms // (cm * cn))
         waves = _ceil_div(clusters, slots)
-        cost = waves * tm * tn * max(k, 64) / _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        efficiency = _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        if cfg.get("pingpong", False):
+            efficiency = (_PINGPONG_EFFICIENCY.get((tm, tn), efficiency) if waves >= 2
+                          else efficiency * _PINGPONG_ONE_WAVE)
+        cost = waves * tm * tn * max(k, 64) / efficiency
         # Clusters whose partner CTA would sit entirely outside the problem
         # waste an SM: penalise clusters along a dimension with a single tile.
         if (cm > 1 and tiles_m < 2) or (cn > 1 and tiles_n < 2):

@@ -39,3 +39,17 @@ def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
     assert any(c.params["HAS_BIAS"] for c in choices)
     assert any(len(c.specs[0].shape) == 3 for c in choices)
     assert len({c.hash_key() for c in choices}) == len(choices)
+
+
+def test_pingpong_choice_renders_and_compiles(graph):
+    a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    choices = []
+    gemm_choices(choices, "mm", [a, b], make_layout((4096, 4096), torch.bfloat16))
+    pingpong = [c for c in choices if c.params["PINGPONG"]]
+    assert pingpong and not all(c.params["PINGPONG"] for c in choices)
+    choice = pingpong[0]
+    assert not choice.params["COOPERATIVE"]
+    assert "pingpong=PINGPONG" in choice.source and "PINGPONG: cutlass.Constexpr = True" in choice.source
+    assert "PINGPONG=True" in choice.description
+    assert isinstance(choice.load().kernel_fn, tvm_ffi.Function)
