@@ -526,11 +526,13 @@ class Sm90Gemm:
                 acc[i] = val
 
     # ------------------------------------------------------ ping-pong handoffs
-    # Named barriers 3 and 4 order the two consumer warpgroups' mainloops in
-    # tile order: warpgroup w waits on barrier 3 + w (bar.sync, 128 threads)
-    # until the other warpgroup arrives on it (bar.arrive, 128 threads) after
-    # issuing the last WGMMA of the preceding tile.  Both sides are
-    # predicated so that every arrive has exactly one matching wait.
+    # Named barriers 3 and 4 (of 256 threads) order the two consumer
+    # warpgroups' mainloops in tile order: warpgroup w waits on barrier 3 + w
+    # (bar.sync by its 128 threads) until the other warpgroup arrives on it
+    # (bar.arrive by its 128 threads) after issuing the last WGMMA of the
+    # preceding tile.  Both sides are predicated so that every arrive has
+    # exactly one matching wait.  (Barrier 0 is __syncthreads; 1 and 2 are the
+    # per-warpgroup epilogue barriers.)
     _PINGPONG_BARRIER = 3
 
     def pingpong_wait_turn(self, pp_wg):
@@ -866,9 +868,8 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     Cost model: waves x per-tile work / tile efficiency, with padding waste of
     partial tiles counted as work.  A ping-pong config gets its better
     efficiency only with at least two waves (two tiles per CTA), a worse one
-    otherwise.  Ties prefer
-    multicast clusters (less L2 traffic) and the raster whose fast direction
-    has more tiles.
+    otherwise.  Ties prefer multicast clusters (less L2 traffic) and the
+    raster whose fast direction has more tiles.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0
