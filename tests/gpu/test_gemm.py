@@ -1,5 +1,6 @@
 """The Hopper GEMM on an sm_90 GPU: correctness against float64 on fresh random inputs
-(tails, transposes, batches, bias/alpha/beta) and torch.compile end to end."""
+(tails, transposes, batches, bias/alpha/beta), the ping-pong configs called directly,
+and torch.compile end to end."""
 
 import functools
 import random
@@ -262,3 +263,81 @@ def test_split_k_choice_through_the_template():
         assert relative_error(out, ref) < TOLERANCE, description
         descriptions.append(description)
     assert "SPLIT_K" in descriptions[0]
+
+
+# -- ping-pong consumer scheduling: the kernel called directly ---------------------
+
+def pingpong_configs():
+    from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, DEFAULT_CONFIGS
+
+    return [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
+
+
+_PINGPONG_KERNELS = {}
+
+
+def check_pingpong(cfg, case):
+    """Compile ``cfg`` for ``case`` (a ``benchmarks/gemm_kernel_check.py`` correctness
+    case; cached) and run it there: NaN-poisoned padded output, float64 reference,
+    nothing written past N."""
+    from benchmarks.gemm_kernel_check import run_case
+    from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm, config_name
+
+    (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, *_rest) = case
+    cfg = dict(cfg, store="direct" if (n * (4 if out == "fp32" else 2)) % 16 else
+               cfg.get("store", "tma"))
+    bias_dtype = out if bias_kind else None
+    key = (repr(sorted(cfg.items())), ab, out, a_major, b_major, bias_dtype)
+    if key not in _PINGPONG_KERNELS:
+        _PINGPONG_KERNELS[key] = compile_sm90_gemm(cfg, ab, out, a_major, b_major, bias_dtype)
+    ok, err, note = run_case(_PINGPONG_KERNELS[key], case)
+    assert ok, f"{config_name(cfg)} {case}: rel_err={err:.2e} {note}"
+
+
+@pytest.mark.parametrize("cfg_idx", range(4))
+def test_pingpong_random_shapes_match_float64(cfg_idx):
+    cfg = pingpong_configs()[cfg_idx]
+    rng = random.Random(cfg_idx)
+    for i in range(6):
+        a_major, b_major = rng.choice("km"), rng.choice("kn")
+        m = rng.randint(1, 1500)  # leading dimensions are padded to 16 bytes
+        n, k, l = rng.randint(1, 1500), 8 * rng.randint(1, 300), rng.choice([1, 1, 2])
+        pad = rng.choice([0, 8])
+        check_pingpong(cfg, (f"random{i}", m, n, k, l, a_major, b_major, "bf16", "bf16",
+                             None, 1.0, 0.0, pad))
+
+
+@pytest.mark.parametrize("cfg_idx", range(4))
+@pytest.mark.parametrize("case", [
+    ("row_bias_alpha_beta", 1000, 1000, 1000, 1, "k", "n", "bf16", "bf16", "row", 0.5, 2.0, 0),
+    ("full_bias_batched", 129, 257, 65, 3, "k", "k", "bf16", "bf16", "full", 1.5, -1.0, 7),
+    ("fp32_out_bias", 300, 264, 520, 2, "m", "n", "bf16", "fp32", "row", 1.0, 1.0, 8),
+    ("fp16", 777, 512, 256, 1, "k", "k", "fp16", "fp16", None, 1.0, 0.0, 0),
+], ids=lambda c: c[0] if isinstance(c, tuple) else None)
+def test_pingpong_addmm_bmm_dtypes_match_float64(cfg_idx, case):
+    check_pingpong(pingpong_configs()[cfg_idx], case)
+
+
+@pytest.mark.parametrize("cfg_idx", range(4))
+@pytest.mark.parametrize("clusters", [1, 2, 3, None])
+def test_pingpong_tile_counts_per_cta(cfg_idx, clusters):
+    """Few persistent clusters (``max_active_clusters``) over 1..7 tiles each, so that a
+    warpgroup gets no tile, both get the same number, or one gets one more; with
+    K long enough for many more k-tiles than ring stages, and K of one k-tile."""
+    cfg = dict(pingpong_configs()[cfg_idx])
+    if clusters is not None:
+        cfg["max_active_clusters"] = clusters
+    tm, tn = cfg["tile_m"] * cfg["cluster_m"], cfg["tile_n"] * cfg["cluster_n"]
+    for tiles_m, tiles_n, k in [(1, 1, 64), (1, 1, 4096), (2, 1, 2048), (1, 3, 1000),
+                                (3, 2, 2056), (7, 1, 40), (2, 5, 3000)]:
+        m, n = tiles_m * tm - 3, tiles_n * tn - 8
+        check_pingpong(cfg, (f"{tiles_m}x{tiles_n}_clusters_k{k}", m, n, k, 1, "k", "k",
+                             "bf16", "bf16", None, 1.0, 0.0, 0))
+
+
+@pytest.mark.parametrize("cfg_idx", range(4))
+def test_pingpong_large_matches_float64(cfg_idx):
+    check_pingpong(pingpong_configs()[cfg_idx], ("large", 4096, 4096, 4096, 1, "k", "k",
+                                                 "bf16", "bf16", None, 1.0, 0.0, 0))
+    check_pingpong(pingpong_configs()[cfg_idx], ("large_batched", 2048, 3072, 1024, 3, "m", "n",
+                                                 "bf16", "bf16", "full", 1.0, 1.0, 0))

@@ -30,7 +30,22 @@ Design
   warps idle with a minimal register budget) + 1 or 2 consumer warpgroups
   issuing WGMMA (``cooperative=True``: two warpgroups share one
   ``tile_m x tile_n`` tile, split along M; ``cooperative=False``: one
-  warpgroup owns the whole tile).  Ping-pong scheduling is not implemented.
+  warpgroup owns the whole tile).
+* Ping-pong (``pingpong=True``, with ``cooperative=False``): two consumer
+  warpgroups, each owning whole ``tile_m x tile_n`` tiles, take alternate
+  tiles of the CTA's persistent walk (warpgroup 0 the 1st, 3rd, ...;
+  warpgroup 1 the 2nd, 4th, ...), so one warpgroup's epilogue overlaps the
+  other's mainloop.  The producer is unchanged: it loads the CTA's tiles in
+  walk order into the one ring, and every stage is consumed (and released)
+  by one warpgroup (the ring's consumer count is one warpgroup); each
+  consumer advances its pipeline states past the ``k_tiles`` stages of the
+  other's tile.  Two named barriers hand the mainloop turn over in tile
+  order (a warpgroup waits for its turn before its first k-stage wait and
+  passes it on once its last WGMMA is issued); this is also what keeps a
+  warpgroup from waiting on a ring slot more than one phase ahead of the
+  producer.  The epilogues need no ordering: each warpgroup has its own
+  smem store buffers, named barrier, TMA-store warp (its first warp) and
+  bulk-group accounting.
 * Operands travel gmem -> smem by TMA (``cp.async.bulk.tensor``) into a
   ``stages``-deep ring guarded by a PipelineTmaAsync (full/empty mbarriers).
   With a cluster, A is multicast across the ``cluster_n`` CTAs that share
@@ -180,6 +195,10 @@ class Sm90Gemm:
     :param raster: "m" or "n": the fast direction of the persistent walk.
     :param group_size: band width (in clusters) of the swizzled raster.
     :param cooperative: two consumer warpgroups per tile (True) or one.
+    :param pingpong: two consumer warpgroups, each owning whole tiles and
+        taking alternate tiles of the CTA's walk, so that one's epilogue
+        overlaps the other's mainloop.  Needs ``cooperative=False``; tile_m
+        64 or 128 (per warpgroup).
     :param acc_dtype: accumulator type; only ``cutlass.Float32``.
     :param max_active_clusters: persistent grid cap; default
         ``num_sms // (cluster_m * cluster_n)`` (split-K: ``num_sms // split_k``,
@@ -199,7 +218,7 @@ class Sm90Gemm:
         predicated per-element stores from registers, any N, slower epilogue.
 
     The per-thread accumulator is limited to 128 fp32 registers:
-    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups)``.
+    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups sharing a tile)``.
     """
 
     def __init__(
@@ -218,12 +237,13 @@ class Sm90Gemm:
         num_sms: int = _DEFAULT_NUM_SMS,
         store: str = "tma",
         split_k: int = 1,
+        pingpong: bool = False,
     ):
         err = self.config_error(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
             cluster_n=cluster_n, stages=stages, raster=raster,
             group_size=group_size, cooperative=cooperative, acc_dtype=acc_dtype,
-            store=store, split_k=split_k,
+            store=store, split_k=split_k, pingpong=pingpong,
         )
         if err is not None:
             raise ValueError(f"Sm90Gemm: {err}")
@@ -234,6 +254,7 @@ class Sm90Gemm:
         self.raster = raster
         self.group_size = int(group_size)
         self.cooperative = bool(cooperative)
+        self.pingpong = bool(pingpong)
         self.store = store
         self.split_k = int(split_k)
         self.acc_dtype = cutlass.Float32
@@ -245,14 +266,17 @@ class Sm90Gemm:
             raise ValueError("Sm90Gemm: max_active_clusters must be >= 1")
         self.max_active_clusters = int(max_active_clusters)
 
-        self.num_consumer_wgs = 2 if self.cooperative else 1
+        self.num_consumer_wgs = 2 if self.cooperative or self.pingpong else 1
         self.num_consumer_threads = self.num_consumer_wgs * _THREADS_PER_WG
         self.num_threads = _THREADS_PER_WG + self.num_consumer_threads
-        # Consumer warpgroups are stacked along M.
-        self.mma_atom_layout = (self.num_consumer_wgs, 1, 1)
+        # Consumer warpgroups that share one tile (stacked along M), and the
+        # threads that consume each pipeline stage and store each tile.
+        self.tile_wgs = 2 if self.cooperative else 1
+        self.tile_threads = self.tile_wgs * _THREADS_PER_WG
+        self.mma_atom_layout = (self.tile_wgs, 1, 1)
         # Epilogue sub-tile: rows covered by one M-repetition of the tiled MMA
-        # (64 per consumer warpgroup) x 32 columns.
-        self.epi_tile = (64 * self.num_consumer_wgs, 32)
+        # (64 per consumer warpgroup of the tile) x 32 columns.
+        self.epi_tile = (64 * self.tile_wgs, 32)
         self.producer_regs = 40
         self.consumer_regs = 232
         self.store_warp = 4  # first consumer warp issues the TMA stores
@@ -263,7 +287,7 @@ class Sm90Gemm:
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
         cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
-        split_k: int = 1, **_unused: Any,
+        split_k: int = 1, pingpong: bool = False, **_unused: Any,
     ) -> Optional[str]:
         """Return why a kernel configuration is invalid, or None if it is valid."""
         if store not in ("tma", "direct"):
@@ -275,6 +299,10 @@ class Sm90Gemm:
                     f"holds the K split), got ({cluster_m},{cluster_n})")
         if _dtype_key(acc_dtype) != "fp32":
             return f"acc_dtype must be Float32, got {acc_dtype}"
+        if pingpong and cooperative:
+            return "pingpong=True needs cooperative=False (each warpgroup owns its tiles)"
+        if pingpong and split_k > 1:
+            return f"split_k={split_k} needs pingpong=False"
         wgs = 2 if cooperative else 1
         allowed_m = (128, 256) if cooperative else (64, 128)
         if tile_m not in allowed_m:
@@ -294,8 +322,10 @@ class Sm90Gemm:
             return f"group_size={group_size} must be >= 1"
         if stages != 0 and stages < 2:
             return f"stages={stages} must be 0 (auto) or >= 2"
-        # smem feasibility with the widest supported output (fp32).
-        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, wgs, stages, split_k) < 2:
+        # smem feasibility with the widest supported output (fp32); ping-pong
+        # keeps one epilogue buffer per consumer warpgroup.
+        epi_wgs = 2 if pingpong else wgs
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k) < 2:
             extra = " next to the split-K reduction buffer" if split_k > 1 else ""
             return f"tile does not fit two pipeline stages in shared memory{extra}"
         return None
@@ -410,8 +440,10 @@ class Sm90Gemm:
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype, self.stages)
         self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype, self.stages)
+        # Ping-pong: each consumer warpgroup has its own epi_stages buffers.
+        epi_groups = self.num_consumer_wgs // self.tile_wgs
         self.sC_layout = sm90_utils.make_smem_layout_epi(
-            c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages)
+            c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages * epi_groups)
 
     # ------------------------------------------------------------- host entry
     @cute.jit
@@ -555,6 +587,32 @@ class Sm90Gemm:
                     val = val + beta * bias
                 acc[i] = val
 
+    # ------------------------------------------------------ ping-pong handoffs
+    # Named barriers 3 and 4 (of 256 threads) order the two consumer
+    # warpgroups' mainloops in tile order: warpgroup w waits on barrier 3 + w
+    # (bar.sync by its 128 threads) until the other warpgroup arrives on it
+    # (bar.arrive by its 128 threads) after issuing the last WGMMA of the
+    # preceding tile.  Both sides are predicated so that every arrive has
+    # exactly one matching wait.  (Barrier 0 is __syncthreads; 1 and 2 are the
+    # per-warpgroup epilogue barriers.)
+    _PINGPONG_BARRIER = 3
+
+    def pingpong_wait_turn(self, pp_wg):
+        """Block this consumer warpgroup until its mainloop turn."""
+        pipeline.NamedBarrier(barrier_id=self._PINGPONG_BARRIER + pp_wg,
+                              num_threads=2 * _THREADS_PER_WG).arrive_and_wait()
+
+    def pingpong_pass_turn(self, pp_wg):
+        """Hand the mainloop turn to the other consumer warpgroup."""
+        pipeline.NamedBarrier(barrier_id=self._PINGPONG_BARRIER + 1 - pp_wg,
+                              num_threads=2 * _THREADS_PER_WG).arrive()
+
+    def pingpong_skip_stages(self, read_state, free_state, count):
+        """Advance both consumer pipeline states past ``count`` ring stages
+        (those of the other warpgroup's tile)."""
+        read_state.advance(count)
+        free_state.advance(count)
+
     # ---------------------------------------------------------------- kernel
     @cute.kernel
     def kernel(
@@ -640,7 +698,7 @@ class Sm90Gemm:
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_consumer_threads),
+                pipeline.Agent.Thread, self.tile_threads),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, split)),
             enable_multicast_signaling=True,
@@ -693,6 +751,15 @@ class Sm90Gemm:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - _THREADS_PER_WG
             wg_mma = tiled_mma.get_slice((wg - 1) * _THREADS_PER_WG)
+            # Ping-pong: which of the two warpgroups this is (0 or 1), each one
+            # a whole tile's MMA / epilogue thread group of its own.
+            pp_wg = 0
+            store_warp = self.store_warp
+            if cutlass.const_expr(self.pingpong):
+                pp_wg = wg - 1
+                ctid = tidx - wg * _THREADS_PER_WG
+                wg_mma = tiled_mma.get_slice(0)
+                store_warp = self.store_warp + pp_wg * 4
             thr_mma = tiled_mma.get_slice(ctid)
             tCsA = wg_mma.partition_A(sA)
             tCsB = wg_mma.partition_B(sB)
@@ -736,11 +803,12 @@ class Sm90Gemm:
                 subs_m = tm // epi_m
                 subs_n = tn // epi_n
                 num_subs = subs_m * subs_n
-                epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
+                epi_bar = pipeline.NamedBarrier(barrier_id=1 + pp_wg,
+                                                num_threads=self.tile_threads)
                 store_pipe = pipeline.PipelineTmaStore.create(
                     num_stages=self.epi_stages,
                     producer_group=pipeline.CooperativeGroup(
-                        pipeline.Agent.Thread, self.num_consumer_threads),
+                        pipeline.Agent.Thread, self.tile_threads),
                 )
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
@@ -751,9 +819,19 @@ class Sm90Gemm:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             tiles_done = cutlass.Int32(0)
             linear = linear_start
+            walk_stride = n_persistent
+            if cutlass.const_expr(self.pingpong):
+                # Warpgroup 1 starts on the CTA's second tile, past the stages
+                # of the first; both then take every other tile.
+                linear = linear_start + pp_wg * n_persistent
+                walk_stride = 2 * n_persistent
+                self.pingpong_skip_stages(read_state, free_state, k_tiles * pp_wg)
             while linear < total_clusters:
                 m_t, n_t, l_t = self.tile_of(
                     linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
+                if cutlass.const_expr(self.pingpong):
+                    if linear > linear_start:
+                        self.pingpong_wait_turn(pp_wg)
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
@@ -770,10 +848,18 @@ class Sm90Gemm:
                         ring.consumer_release(free_state)
                         free_state.advance()
                     read_state.advance()
+                if cutlass.const_expr(self.pingpong):
+                    # Every WGMMA of this tile is issued: the other warpgroup
+                    # may start issuing its next tile (if there is one).
+                    if linear + n_persistent < total_clusters:
+                        self.pingpong_pass_turn(pp_wg)
                 warpgroup.wait_group(0)
                 if my_k_tiles > 0:
                     ring.consumer_release(free_state)
                     free_state.advance()
+                if cutlass.const_expr(self.pingpong):
+                    # The other warpgroup's next tile comes next in the ring.
+                    self.pingpong_skip_stages(read_state, free_state, k_tiles)
 
                 if cutlass.const_expr(split > 1):
                     # ---------------- split-K: reduce the partial sums into the leader
@@ -822,10 +908,12 @@ class Sm90Gemm:
                                 sub_f32[v] = tRS_acc[s * sub_size + v]
                             sub_out.store(sub_f32.load().to(self.c_dtype))
                             buf = (tiles_done * num_subs + s) % self.epi_stages
+                            if cutlass.const_expr(self.pingpong):
+                                buf += pp_wg * self.epi_stages
                             cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
                             cute.arch.fence_proxy("async.shared", space="cta")
                             epi_bar.arrive_and_wait()
-                            if warp == self.store_warp:
+                            if warp == store_warp:
                                 cute.copy(tma_c, bSG_sC[(None, buf)],
                                           bSG_gC[(None, (s // subs_n, s % subs_n))])
                                 store_pipe.producer_commit()
@@ -840,13 +928,13 @@ class Sm90Gemm:
                                 tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
 
                 tiles_done += 1
-                linear += n_persistent
+                linear += walk_stride
             if cutlass.const_expr(split > 1):
                 # A peer may exit only after the leader has read its last partial.
                 if split_rank != 0:
                     cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
             if cutlass.const_expr(self.store == "tma"):
-                if warp == self.store_warp:
+                if warp == store_warp:
                     store_pipe.producer_tail()
 
 
@@ -862,12 +950,21 @@ DEFAULT_CONFIGS = [
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
     dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False, raster="n"),
+    # Ping-pong: tile sizes are per consumer warpgroup (128x128 fp32 accumulator max).
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False,
+         pingpong=True, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False,
+         pingpong=True, raster="n"),
+    dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False,
+         pingpong=True, raster="n"),
 ]
 
 # Extra small-tile candidates only used by the heuristic for tiny problems.
 _EXTRA_CONFIGS = [
     dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
+         pingpong=True, raster="m"),
 ]
 
 # Split-K candidates (``split_k`` in ``_SPLIT_K_FACTORS``), only for problems with too
@@ -891,14 +988,25 @@ _TILE_EFFICIENCY = {
     (128, 256): 1.00, (256, 128): 1.00, (128, 192): 0.95, (128, 128): 0.88,
     (64, 256): 0.80, (128, 64): 0.70, (64, 128): 0.70, (64, 64): 0.55,
 }
+# Ping-pong tiles (per warpgroup) once every CTA has at least two tiles, so that
+# the epilogues hide behind the other warpgroup's mainloop.  With fewer tiles a
+# ping-pong CTA is one warpgroup doing the whole tile while the other idles:
+# _PINGPONG_ONE_WAVE x the table above.
+_PINGPONG_EFFICIENCY = {(128, 128): 0.97, (64, 256): 0.88}
+_PINGPONG_ONE_WAVE = 0.9
 
 
 def config_name(cfg: dict) -> str:
-    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_k4`` for split_k=4)."""
+    """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
+    ``_k4`` for split_k=4)."""
     split_k = cfg.get("split_k", 1)
+    if cfg.get("pingpong", False):
+        consumers = "pp"
+    else:
+        consumers = "coop" if cfg.get("cooperative", True) else "1wg"
     return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
-        cfg.get("cluster_n", 1), "coop" if cfg.get("cooperative", True) else "1wg",
+        cfg.get("cluster_n", 1), consumers,
         cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
         f"_k{split_k}" if split_k > 1 else "",
         "_direct" if cfg.get("store", "tma") == "direct" else "")
@@ -912,8 +1020,10 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     config has ``store="direct"`` (see :class:`Sm90Gemm`).
 
     Cost model: waves x per-tile work / tile efficiency, with padding waste of
-    partial tiles counted as work.  Ties prefer multicast clusters (less L2
-    traffic) and the raster whose fast direction has more tiles.
+    partial tiles counted as work.  A ping-pong config gets its better
+    efficiency only with at least two waves (two tiles per CTA), a worse one
+    otherwise.  Ties prefer multicast clusters (less L2 traffic) and the
+    raster whose fast direction has more tiles.
 
     Split-K candidates enter only when the output tiles fill less than
     ``_SPLIT_K_MAX_FILL`` of the SMs and every split gets >= 2 K tiles; their
@@ -940,7 +1050,11 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
                  else max(1, num_sms // (cm * cn)))
         waves = _ceil_div(clusters, slots)
         k_work = max(_ceil_div(k, split_k), 64) + _SPLIT_K_REDUCE_K * (split_k - 1)
-        cost = waves * tm * tn * k_work / _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        efficiency = _TILE_EFFICIENCY.get((tm, tn), 0.6)
+        if cfg.get("pingpong", False):
+            efficiency = (_PINGPONG_EFFICIENCY.get((tm, tn), efficiency) if waves >= 2
+                          else efficiency * _PINGPONG_ONE_WAVE)
+        cost = waves * tm * tn * k_work / efficiency
         # Clusters whose partner CTA would sit entirely outside the problem
         # waste an SM: penalise clusters along a dimension with a single tile.
         if (cm > 1 and tiles_m < 2) or (cn > 1 and tiles_n < 2):

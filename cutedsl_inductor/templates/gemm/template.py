@@ -57,7 +57,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     gemm = {% if has_epilogue %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
-        store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
+        pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_mnl = as_mnl(bias){% else %}bias_mnl = None{% endif %}
@@ -81,7 +81,8 @@ def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> d
         "TILE_M": cfg["tile_m"], "TILE_N": cfg["tile_n"], "TILE_K": cfg.get("tile_k", 64),
         "CLUSTER_M": cfg.get("cluster_m", 1), "CLUSTER_N": cfg.get("cluster_n", 1),
         "STAGES": cfg.get("stages", 0), "RASTER": cfg.get("raster", "m"),
-        "COOPERATIVE": cfg.get("cooperative", True), "STORE": cfg.get("store", "tma"),
+        "COOPERATIVE": cfg.get("cooperative", True), "PINGPONG": cfg.get("pingpong", False),
+        "STORE": cfg.get("store", "tma"),
         "HAS_BIAS": has_bias, "ALPHA": float(alpha), "BETA": float(beta),
     }
     # Only when split: the source (and cache key) of unsplit choices stays as it was.

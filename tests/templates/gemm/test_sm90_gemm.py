@@ -10,12 +10,15 @@ cutlass = pytest.importorskip("cutlass")
 import cutlass.cute as cute  # noqa: E402
 
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
+    _EXTRA_CONFIGS,
     DEFAULT_CONFIGS,
     Sm90Gemm,
     compile_sm90_gemm,
     config_name,
     pick_configs,
 )
+
+PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
 
 
 @pytest.mark.parametrize("cfg", DEFAULT_CONFIGS, ids=[config_name(c) for c in DEFAULT_CONFIGS])
@@ -74,6 +77,72 @@ def test_direct_store_variant_compiles(cfg_idx, bias):
 def test_explicit_stages_and_raster_compile():
     compile_sm90_gemm(dict(tile_m=128, tile_n=128, tile_k=64, stages=3, raster="n",
                            group_size=4))
+
+
+@pytest.mark.parametrize("cfg", PINGPONG_CONFIGS, ids=[config_name(c) for c in PINGPONG_CONFIGS])
+@pytest.mark.parametrize("store,a_major,b_major,out,bias", [
+    ("tma", "m", "n", "bf16", "bf16"),
+    ("direct", "k", "k", "bf16", None),
+    ("direct", "m", "n", "fp32", "fp32"),
+])
+def test_pingpong_variants_compile(cfg, store, a_major, b_major, out, bias):
+    compile_sm90_gemm(dict(cfg, store=store), "bf16", out, a_major, b_major, bias_dtype=bias)
+
+
+def test_pingpong_fp16_compiles():
+    compile_sm90_gemm(PINGPONG_CONFIGS[0], "fp16", "fp16", "k", "n")
+
+
+@pytest.mark.parametrize("store", ["tma", "direct"])
+def test_pingpong_epilogue_hook_override_compiles(store):
+    """A fused `gelu(acc) + bias[n]` subclass on a ping-pong config."""
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+
+    class GeluBiasGemm(Sm90Gemm):
+        @cute.jit
+        def __call__(self, mA, mB, mC, mColBias, stream):
+            self.launch(mA, mB, mC, None, cutlass.Float32(1.0), cutlass.Float32(0.0), stream,
+                        epi_args=(mColBias,))
+
+        @cute.jit
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+            col_bias = epi_args[0]
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                v = acc[i]
+                v = v * 0.5 * (1.0 + cute.math.erf(v * 0.7071067811865476))
+                if coords[i][1] < prob_n:
+                    v = v + col_bias[coords[i][1]].to(cutlass.Float32)
+                acc[i] = v
+
+    a, b, c, _ = make_fake_gemm_args(store=store)
+    col_bias = make_fake_tensor(cutlass.BFloat16, (cute.sym_int32(),), (1,))
+    cute.compile(GeluBiasGemm(**dict(PINGPONG_CONFIGS[0], store=store)), a, b, c, col_bias,
+                 make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+
+
+def test_pingpong_config_names():
+    pp = dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=False, pingpong=True)
+    assert config_name(pp) == "t128x128x64_c2x1_pp_rm"
+    assert config_name(dict(pp, pingpong=False)) == "t128x128x64_c2x1_1wg_rm"
+    assert len({config_name(c) for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS}) == len(
+        DEFAULT_CONFIGS + _EXTRA_CONFIGS)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(pingpong=True),  # cooperative defaults to True
+    dict(tile_m=128, cooperative=True, pingpong=True),
+    dict(tile_m=256, cooperative=False, pingpong=True),
+    dict(tile_m=128, tile_n=256, cooperative=False, pingpong=True),  # 256 accumulators
+    dict(tile_m=128, tile_n=256, tile_k=128, stages=4, cooperative=False, pingpong=True),
+])
+def test_bad_pingpong_configs_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        Sm90Gemm(**bad)
+    assert Sm90Gemm.config_error(**bad) is not None
+    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 256, 256, 256,
+                                      config=bad)
 
 
 @pytest.mark.parametrize("bad", [
@@ -210,3 +279,14 @@ def test_pick_configs_splits_k_only_when_tiles_are_few():
         assert Sm90Gemm.config_error(**c) is None
         assert c["store"] == "direct"
     assert any(c.get("split_k", 1) > 1 for c in pick_configs(100, 201, 4096))
+
+
+def test_pick_configs_offers_pingpong_for_large_problems():
+    for shape in [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096),
+                  (1024, 14336, 4096)]:
+        cfgs = pick_configs(*shape, max_configs=8)
+        assert 2 <= sum(bool(c.get("pingpong")) for c in cfgs) <= 4, shape
+        assert any(c.get("cooperative", True) for c in cfgs), shape
+    # One tile per CTA: a ping-pong CTA would leave a warpgroup idle.
+    assert not pick_configs(512, 512, 512)[0].get("pingpong")
+    assert not pick_configs(128, 8192, 8192)[0].get("pingpong")

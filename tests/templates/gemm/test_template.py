@@ -52,3 +52,17 @@ def test_split_k_choice_renders_split_k_only_when_split(graph):
     assert all("split_k=SPLIT_K" in c.source and "SPLIT_K" in c.description for c in split)
     assert all("split_k" not in c.source.lower() for c in unsplit)
     assert isinstance(split[0].load().kernel_fn, tvm_ffi.Function)
+
+
+def test_pingpong_choice_renders_and_compiles(graph):
+    a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    choices = []
+    gemm_choices(choices, "mm", [a, b], make_layout((4096, 4096), torch.bfloat16))
+    pingpong = [c for c in choices if c.params["PINGPONG"]]
+    assert pingpong and not all(c.params["PINGPONG"] for c in choices)
+    choice = pingpong[0]
+    assert not choice.params["COOPERATIVE"]
+    assert "pingpong=PINGPONG" in choice.source and "PINGPONG: cutlass.Constexpr = True" in choice.source
+    assert "PINGPONG=True" in choice.description
+    assert isinstance(choice.load().kernel_fn, tvm_ffi.Function)
