@@ -96,7 +96,6 @@ def main(argv=None) -> int:
                 if kind not in best or ms < best[kind][1]:
                     best[kind] = (config_name(cfg), ms)
         rows.append((m, n, k, flops, ms_cublas, best, bool(split)))
-        del x, w, ref, c_mat
     print(f"\n{'M':>4s} {'N':>6s} {'K':>6s} | {'cuBLAS':>7s} | {'best unsplit':30s} {'TF/s':>6s} "
           f"{'/cuB':>5s} | {'best split-K':32s} {'TF/s':>6s} {'/cuB':>5s} {'/unsp':>6s}")
     for m, n, k, flops, ms_cublas, best, proposed in rows:
