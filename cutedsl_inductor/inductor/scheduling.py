@@ -15,8 +15,10 @@ also written to a real ``.py`` file, whose path the definition's comment names.
 
 Fusion: with ``config.epilogue_fusion`` on, a pointwise consumer fuses into a template
 that defines an epilogue (``template/epilogue.py``; max-autotune's deferred choices that
-we win are finalized before fusion, ``multi_template.py``); every other fusion question
-about our nodes is answered "no", on every supported torch.
+we win are finalized before fusion, ``multi_template.py``) once the fused kernel has
+compiled (cached, so the output code reuses it; one that fails stays unfused, with a
+warning); every other fusion question about our nodes is answered "no", on every
+supported torch.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from torch.utils._ordered_set import OrderedSet
 
 from .. import config
 from ..compile.specs import ArgSpec, specs_for_nodes
-from ..runtime.loader import write_source
+from ..runtime.loader import load_kernel, write_source
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
 from .ir import CuteDSLTemplateBuffer
@@ -47,6 +49,10 @@ def is_cutedsl_template(node: Any) -> bool:
 
 
 class CuteDSLScheduling(BaseScheduling):
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        self._failed_sources: set[str] = set()
+
     @classmethod
     def get_backend_features(cls, device: Any) -> Any:
         return OrderedSet()
@@ -77,10 +83,28 @@ class CuteDSLScheduling(BaseScheduling):
                        for name in node.get_buffer_names()):
                 return None
         try:
-            return plan_epilogue(template_node.node, [n.node for n in consumers])
+            plan = plan_epilogue(template_node.node, [n.node for n in consumers])
         except Exception as err:  # not fusable: the nodes stay unfused, never a crash
             log.debug("not fusing into %s: %s", template_node.get_name(), err)
             return None
+        return plan if self.fused_kernel_compiles(template_node.node, plan) else None
+
+    def fused_kernel_compiles(self, buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan) -> bool:
+        """Compile the fused kernel now, before the fusion is decided: the autotuner only
+        ever compiled the template alone. The compile is cached (the output code then
+        loads it for free); a template whose fused kernel fails to compile stays unfused,
+        with a warning that names the template, parameters and generated file."""
+        kernel_name, source, specs = render_kernel(buffer, plan)[1:]
+        if source in self._failed_sources:
+            return False
+        try:
+            load_kernel(kernel_name, source, specs, template=buffer.template.name,
+                        params=buffer.params)
+        except Exception as err:  # the nodes stay unfused, never a crash
+            self._failed_sources.add(source)
+            log.warning("not fusing an epilogue into %s: %s", kernel_name, err)
+            return False
+        return True
 
     def codegen_template(
         self,
@@ -102,12 +126,10 @@ class CuteDSLScheduling(BaseScheduling):
                 raise NotImplementedError("the fused epilogue no longer translates")
         # never written: removed before mark_run, whose allocations skip removed buffers
         V.graph.removed_buffers |= OrderedSet(plan.fused_names)
-        kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
+        kernel, kernel_name, source, specs = render_kernel(buffer, plan)
         for node in (template_node, *epilogue_nodes):
             node.mark_run()
-        kernel_name, source = name_kernel(buffer.template.name, render())
         nodes = kernel.arg_nodes()
-        specs = specs_for_nodes(nodes, buffer.template.symbolic_shapes)
         with V.set_kernel_handler(kernel):
             kernel_name = self.define_kernel(kernel_name, source, specs, buffer,
                                              [template_node, *epilogue_nodes])
@@ -141,6 +163,15 @@ class CuteDSLScheduling(BaseScheduling):
         metadata = f"# kernel path: {path}\n{origins}\n{detailed}"
         wrapper.define_kernel(kernel_name, body, metadata)
         return kernel_name
+
+
+def render_kernel(buffer: CuteDSLTemplateBuffer,
+                  plan: EpiloguePlan) -> tuple[Any, str, str, list[ArgSpec]]:
+    """(kernel, name, source, argument specs) of ``buffer``'s template with ``plan``."""
+    kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
+    kernel_name, source = name_kernel(buffer.template.name, render())
+    return kernel, kernel_name, source, specs_for_nodes(kernel.arg_nodes(),
+                                                        buffer.template.symbolic_shapes)
 
 
 def kernel_definition(

@@ -56,8 +56,11 @@ def test_block_fuses_into_the_gemm_and_its_kernels_compile(block, max_autotune):
     assert len(fused) == 1
     namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
                  "ScalarSpec": ScalarSpec}
+    compiled_while_fusing = compiler.stats["compiled"]
     exec(compile(ast.Module(fused, type_ignores=[]), "output_code", "exec"), namespace)
-    assert compiler.stats["compiled"] == 1
+    # the scheduler compiled the fused kernel before fusing; the output code reuses it
+    assert compiled_while_fusing >= 1 and compiler.stats["compiled"] == compiled_while_fusing
+    assert compiler.stats["memory_hits"] >= 1
 
 
 def test_fusion_is_off_unless_configured(max_autotune):
@@ -96,3 +99,34 @@ def test_deferred_choice_fuses_when_ours_wins(ours_ms, aten_ms, takes_ours, max_
         assert is_cutedsl_template(template) and template.node.params == ours[1].params
     else:
         assert not any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
+
+
+def test_a_fused_kernel_that_does_not_compile_stays_unfused(graph, monkeypatch, caplog):
+    """The autotuner compiled the template alone; the fusion compiles the fused kernel
+    first, and a template bug there leaves the consumer as a kernel of its own."""
+    from torch._inductor.lowering import lowerings
+
+    from cutedsl_inductor.template.template import CuteDSLTemplate
+    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+    from tests.helpers import make_input, make_layout
+
+    use_virtual_sm90(monkeypatch)
+    broken = CuteDSLTemplate("broken_epilogue_add", ADD_SOURCE.replace(
+        "{% for d in range(output_rank)|reverse %}", "extras, {% for d in range(output_rank)|reverse %}"))
+    a, b = make_input(graph, "a", (64, 128)), make_input(graph, "b", (64, 128))
+    choice = broken.generate(input_nodes=[a, b], layout=make_layout((64, 128)),
+                             THREADS=128, VECTOR=4)
+    out = choice.output_node()
+    out.realize()
+    relu = lowerings[torch.ops.aten.relu.default](out)
+    relu.realize()
+    graph.graph_outputs = [relu]
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.virtualized import V
+
+    with config.patch(epilogue_fusion=True), caplog.at_level("WARNING"), \
+            V.set_debug_handler(DebugContext()):
+        nodes = Scheduler(graph.operations).nodes
+    assert [is_cutedsl_template(n) for n in nodes] == [True, False]
+    assert "not fusing an epilogue into cutedsl_broken_epilogue_add_" in caplog.text
+    assert "broken_epilogue_add" in caplog.text and ".py" in caplog.text  # template, file
