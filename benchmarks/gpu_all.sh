@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
-#                                             bench_epilogue bench_gemm_shards
+#                                             bench_epilogue splitk pingpong bench_gemm_shards
 # bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
 # in parallel, into $OUT/gemm_shard_K; merge them with `bench gemm --merge DIR ...`.
 # (default: all). Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
@@ -17,7 +17,7 @@ step() {
   "$@" > "$OUT/$name.log" 2>&1 || { status=1; echo "!!! $name failed"; }
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
-steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue}
+steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue splitk pingpong}
 nvidia-smi -L
 for s in $steps; do
   case $s in
@@ -30,6 +30,8 @@ for s in $steps; do
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
     bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue ${EPILOGUE_ARGS:---quick} ;;
+    splitk) step splitk python3 benchmarks/gemm_splitk_check.py ;;
+    pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
     bench_gemm_shards)
       gpus=$(nvidia-smi -L | wc -l)
       for g in $(seq 0 $((gpus - 1))); do
