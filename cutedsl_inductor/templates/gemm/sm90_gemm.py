@@ -545,23 +545,21 @@ class Sm90Gemm:
         per_batch = clusters_m * clusters_n
         l_idx = linear // per_batch
         rem = linear - l_idx * per_batch
+        # bands of group_size clusters along the fast direction, walked across the other
+        fast_count, slow_count = clusters_m, clusters_n
+        if cutlass.const_expr(self.raster == "n"):
+            fast_count, slow_count = clusters_n, clusters_m
         g = self.group_size
-        if cutlass.const_expr(self.raster == "m"):
-            band_len = g * clusters_n
-            band = rem // band_len
-            pos = rem - band * band_len
-            first = band * g
-            width = min(g, clusters_m - first)
-            cl_m = first + pos % width
-            cl_n = pos // width
-        else:
-            band_len = g * clusters_m
-            band = rem // band_len
-            pos = rem - band * band_len
-            first = band * g
-            width = min(g, clusters_n - first)
-            cl_n = first + pos % width
-            cl_m = pos // width
+        band_len = g * slow_count
+        band = rem // band_len
+        pos = rem - band * band_len
+        first = band * g
+        width = min(g, fast_count - first)
+        cl_fast = first + pos % width
+        cl_slow = pos // width
+        cl_m, cl_n = cl_fast, cl_slow
+        if cutlass.const_expr(self.raster == "n"):
+            cl_m, cl_n = cl_slow, cl_fast
         return (cl_m * self.cluster_m + cta_m, cl_n * self.cluster_n + cta_n, l_idx)
 
     # -------------------------------------------------------------- epilogue
