@@ -587,6 +587,18 @@ class Sm90Gemm:
                     val = val + beta * bias
                 acc[i] = val
 
+    @staticmethod
+    def _epi_slice(t, s, shape):
+        """Elements ``[s * n, (s + 1) * n)`` (``n = size(shape)``, compile-time ``s``) of
+        ``t`` in its linear (colexicographic) order, as a tensor of ``shape``: the
+        coordinates matching an epilogue copy ``frag[v] = t[s * n + v]``."""
+        n = cute.size(shape)
+        flat = cute.make_tensor(t.iterator, cute.composition(
+            t.layout, cute.make_layout(cute.size(t))))
+        piece = cute.logical_divide(flat, cute.make_layout(n))[(None, s)]
+        return cute.make_tensor(piece.iterator, cute.composition(
+            piece.layout, cute.make_layout(shape)))
+
     # ------------------------------------------------------ ping-pong handoffs
     # Named barriers 3 and 4 (of 256 threads) order the two consumer
     # warpgroups' mainloops in tile order: warpgroup w waits on barrier 3 + w
@@ -810,6 +822,10 @@ class Sm90Gemm:
                     producer_group=pipeline.CooperativeGroup(
                         pipeline.Agent.Thread, self.tile_threads),
                 )
+            else:
+                # Direct store: the epilogue runs on copies of 16-element chunks.
+                chunk_size = 16
+                chunk = cute.make_rmem_tensor((chunk_size,), self.acc_dtype)
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
             read_state = pipeline.make_pipeline_state(
@@ -890,14 +906,15 @@ class Sm90Gemm:
 
                 # Only the leader (every CTA without split-K) holds the full sum.
                 if split_rank == 0:
-                    # ---------------- epilogue math (fusion hook)
+                    # Global (m, n) of every accumulator element, in acc's layout.
                     coords = thr_mma.partition_C(
                         cute.local_tile(ident, (tm, tn), (m_t, n_t)))
-                    self.epilogue_op(acc, coords, l_t, prob_m, prob_n, mBias, alpha, beta,
-                                     epi_args)
-
                     if cutlass.const_expr(self.store == "tma"):
-                        # ---------------- cast -> smem -> TMA store, sub-tile by sub-tile
+                        # ---------------- per sub-tile: copy -> epilogue_op -> cast
+                        # -> smem -> TMA store.  The fusion hook works on the copy
+                        # (sub_f32), never on acc: writes to the WGMMA accumulator
+                        # registers make ptxas serialize the next tile's mainloop.
+                        tRS_coords = r2s.retile(coords)
                         gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)],
                                                      self.epi_tile)
                         bSG_sC, bSG_gC = cpasync.tma_partition(
@@ -906,6 +923,9 @@ class Sm90Gemm:
                         for s in cutlass.range_constexpr(num_subs):
                             for v in cutlass.range_constexpr(sub_size):
                                 sub_f32[v] = tRS_acc[s * sub_size + v]
+                            self.epilogue_op(
+                                sub_f32, self._epi_slice(tRS_coords, s, sub_shape), l_t,
+                                prob_m, prob_n, mBias, alpha, beta, epi_args)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
                             buf = (tiles_done * num_subs + s) % self.epi_stages
                             if cutlass.const_expr(self.pingpong):
@@ -921,11 +941,18 @@ class Sm90Gemm:
                             epi_bar.arrive_and_wait()
 
                     else:
-                        # ---------------- predicated direct stores (any N)
-                        for i in cutlass.range(cute.size(acc), unroll_full=True):
-                            mn = coords[i]
-                            if cute.elem_less(mn, (prob_m, prob_n)):
-                                tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
+                        # ---------------- predicated direct stores (any N), chunk by
+                        # chunk of the fragment, each through a copy (see above).
+                        for s in cutlass.range_constexpr(cute.size(acc) // chunk_size):
+                            for v in cutlass.range_constexpr(chunk_size):
+                                chunk[v] = acc[s * chunk_size + v]
+                            chunk_coords = self._epi_slice(coords, s, (chunk_size,))
+                            self.epilogue_op(chunk, chunk_coords, l_t, prob_m, prob_n,
+                                             mBias, alpha, beta, epi_args)
+                            for v in cutlass.range_constexpr(chunk_size):
+                                mn = chunk_coords[v]
+                                if cute.elem_less(mn, (prob_m, prob_n)):
+                                    tC[mn[0], mn[1], l_t] = chunk[v].to(self.c_dtype)
 
                 tiles_done += 1
                 linear += walk_stride
