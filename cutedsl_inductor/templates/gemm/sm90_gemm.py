@@ -121,7 +121,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import nvvm
+from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -169,6 +169,18 @@ def _dtype_key(dt: Any) -> Optional[str]:
 
 def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def _opaque_copy(x):
+    """``x`` (fp32) through an inline-asm ``mov``: a new value that LLVM cannot see
+    through.  The epilogue copies the accumulator with it; with a plain copy LLVM
+    would fold the copy away and, where a fusion hook writes its fragment in a
+    divergent branch, coalesce the branch's result back into the WGMMA accumulator
+    register -- which makes ptxas serialize the WGMMAs (C7519/C7520)."""
+    return cutlass.Float32(llvm.inline_asm(
+        cutlass.Float32.mlir_type, [cutlass.Float32(x).ir_value()], "mov.b32 $0, $1;",
+        "=f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _split_k_clusters(num_sms: int, cluster_ctas: int) -> int:
@@ -922,7 +934,7 @@ class Sm90Gemm:
                             cute.group_modes(sC, 0, 2), gC_tile)
                         for s in cutlass.range_constexpr(num_subs):
                             for v in cutlass.range_constexpr(sub_size):
-                                sub_f32[v] = tRS_acc[s * sub_size + v]
+                                sub_f32[v] = _opaque_copy(tRS_acc[s * sub_size + v])
                             self.epilogue_op(
                                 sub_f32, self._epi_slice(tRS_coords, s, sub_shape), l_t,
                                 prob_m, prob_n, mBias, alpha, beta, epi_args)
@@ -945,7 +957,7 @@ class Sm90Gemm:
                         # chunk of the fragment, each through a copy (see above).
                         for s in cutlass.range_constexpr(cute.size(acc) // chunk_size):
                             for v in cutlass.range_constexpr(chunk_size):
-                                chunk[v] = acc[s * chunk_size + v]
+                                chunk[v] = _opaque_copy(acc[s * chunk_size + v])
                             chunk_coords = self._epi_slice(coords, s, (chunk_size,))
                             self.epilogue_op(chunk, chunk_coords, l_t, prob_m, prob_n,
                                              mBias, alpha, beta, epi_args)
