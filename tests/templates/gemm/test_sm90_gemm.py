@@ -270,3 +270,14 @@ def test_pick_configs_offers_pingpong_for_large_problems():
     # One tile per CTA: a ping-pong CTA would leave a warpgroup idle.
     assert not pick_configs(512, 512, 512)[0].get("pingpong")
     assert not pick_configs(128, 8192, 8192)[0].get("pingpong")
+
+
+@pytest.mark.parametrize("name,store", [("coop_128x256_c2x1", "tma"), ("1wg_128x64", "direct"),
+                                        ("pp_64x256", "tma"), ("splitk2_64x128", "direct")])
+def test_coordinate_epilogue_compiles(name, store):
+    """The GPU coordinate test's fused epilogue (per-sub-tile hook with coordinates, rows
+    and columns, the default bias path underneath) traces and compiles."""
+    from tests.gpu.test_gemm import COORDINATE_CONFIGS, compile_coordinate_gemm
+
+    cfg = dict(COORDINATE_CONFIGS[name], store=store)
+    assert callable(compile_coordinate_gemm(tuple(sorted(cfg.items()))))
