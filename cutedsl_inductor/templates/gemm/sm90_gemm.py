@@ -56,10 +56,24 @@ Design
   ``raster="m"`` walks M fastest inside bands of ``group_size`` M-clusters
   (L2 reuse of B); ``raster="n"`` walks N fastest inside bands of
   ``group_size`` N-clusters (L2 reuse of A).
-* Epilogue: fp32 accumulator -> :meth:`Sm90Gemm.epilogue_op` (alpha, bias,
-  beta; the fusion hook) -> cast -> swizzled smem sub-tiles (stmatrix) ->
-  TMA store (``store="tma"``, default), or predicated per-element stores
-  from registers (``store="direct"``).  The TMA loads zero-fill the M/N/K
+* Epilogue, one ``epi_tile`` sub-tile (64 rows per warpgroup of the tile x
+  32 columns; 16 fp32 values per thread) at a time: copy the sub-tile's
+  accumulator values into a register fragment -> :meth:`Sm90Gemm.epilogue_op`
+  on the copy (alpha, bias, beta; the fusion hook) -> cast -> swizzled smem
+  (stmatrix) -> TMA store (``store="tma"``, default).  With
+  ``store="direct"`` the same happens for 16-value chunks of the fragment,
+  followed by predicated per-element stores from registers.  The
+  accumulator itself is never written outside the WGMMAs: in-place epilogue
+  math on it (even ``acc[i] = acc[i] * 2``) changed the mainloop ptxas
+  got (unrolled 3x, a ``warpgroup.arrive`` injected per WGMMA batch:
+  C7519) or, written in a divergent branch, made ptxas serialize the WGMMAs
+  altogether (C7520); fused epilogues were 5-15% slower on H200, ping-pong
+  included.  The copy goes through an opaque inline-asm ``mov``
+  (``_opaque_copy``): with a plain copy LLVM coalesces a hook's result that
+  is written in a divergent branch (``if n < prob_n: v += bias[n]``) back
+  into the accumulator's register.  Split-K: the leader's DSMEM reduction
+  sums into ``acc`` (after the last WGMMA of the tile); the sum then takes
+  the same per-sub-tile path.  The TMA loads zero-fill the M/N/K
   tails exactly.  The TMA store clips rows (M) exactly but the contiguous N
   tail only to 16-byte granularity (measured on H200: with N=257 bf16 it
   rewrote columns 257..263 of each row); hence ``store="tma"`` requires
@@ -105,12 +119,15 @@ avoid both.
 
 Fusing more pointwise work
 --------------------------
-Subclass and override :meth:`Sm90Gemm.epilogue_op`.  It receives one
-thread's fp32 accumulator fragment (a register tensor, modified in place),
-a same-shaped tensor of global ``(m, n)`` coordinates, the batch index, the
-problem bounds and the ``epi_args`` pass-through value given to
-``__call__`` (e.g. a tuple of extra tensors).  Everything before the cast
-to the output dtype happens there.
+Subclass and override :meth:`Sm90Gemm.epilogue_op`.  It is called once per
+epilogue sub-tile (per 16-value chunk with ``store="direct"``) with one
+thread's fp32 register fragment of it (a copy of the accumulator values,
+modified in place), a same-shaped tensor of their global ``(m, n)``
+coordinates, the batch index, the problem bounds and the ``epi_args``
+pass-through value given to ``__call__`` (e.g. a tuple of extra tensors).
+Everything before the cast to the output dtype happens there.  Write
+pointwise code indexed by ``i`` over ``cute.size(frag)``: the fragment's
+shape and the number of calls per tile are the kernel's business.
 """
 
 from __future__ import annotations
@@ -579,14 +596,19 @@ class Sm90Gemm:
     # -------------------------------------------------------------- epilogue
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
-        """Fusion hook: transform one thread's fp32 accumulator fragment in place.
+        """Fusion hook: transform one thread's fp32 fragment of a sub-tile in place.
 
-        ``acc[i]`` holds ``(A @ B^T)[m, n, l_idx]`` for ``(m, n) = coords[i]``.
-        Coordinates may lie outside ``(prob_m, prob_n)`` in tail tiles; those
-        values are discarded by the clipped TMA store but must not fault, so
-        predicate any gmem access.  Default: ``alpha * acc + beta * bias``.
-        Override in a subclass (decorated with ``@cute.jit``) to fuse more
-        pointwise work; ``epi_args`` is passed through from ``__call__``.
+        Called once per epilogue sub-tile (direct store: per 16-value chunk),
+        ``acc`` being a register copy of the sub-tile's accumulator values
+        (never the WGMMA accumulator itself): ``acc[i]`` holds
+        ``(A @ B^T)[m, n, l_idx]`` for ``(m, n) = coords[i]``, ``coords`` a
+        same-shaped tensor of global coordinates.  Every in-bounds ``(m, n)``
+        of the tile is seen exactly once.  Coordinates may lie outside
+        ``(prob_m, prob_n)`` in tail tiles; those values are discarded by the
+        store but must not fault, so predicate any gmem access.  Default:
+        ``alpha * acc + beta * bias``.  Override in a subclass (decorated with
+        ``@cute.jit``) to fuse more pointwise work; ``epi_args`` is passed
+        through from ``__call__``.
         """
         if cutlass.const_expr(mBias is None):
             acc.store(acc.load() * alpha)
