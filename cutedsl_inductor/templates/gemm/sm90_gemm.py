@@ -885,9 +885,10 @@ class Sm90Gemm:
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
-                warpgroup.fence()
                 for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
+                    # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
+                    warpgroup.fence()
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc,
                                   tCrA[(None, None, kb, read_state.index)],
