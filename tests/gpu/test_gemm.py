@@ -341,3 +341,113 @@ def test_pingpong_large_matches_float64(cfg_idx):
                                                  "bf16", "bf16", None, 1.0, 0.0, 0))
     check_pingpong(pingpong_configs()[cfg_idx], ("large_batched", 2048, 3072, 1024, 3, "m", "n",
                                                  "bf16", "bf16", "full", 1.0, 1.0, 0))
+
+
+# -- the epilogue hook's coordinates: a coordinate-dependent fused epilogue ----------
+
+def coordinate_gemm_class():
+    """Sm90Gemm whose epilogue, after the default (alpha, bias, beta), adds
+    ``l * 500000 + m * 1000 + n + row[m] + col[n]``: any wrong, missing or repeated
+    coordinate shows up in an fp32 output."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
+
+    class CoordinateGemm(Sm90Gemm):
+        @cute.jit
+        def __call__(self, mA, mB, mC, mBias, mRow, mCol, alpha, beta, stream):
+            self.launch(mA, mB, mC, mBias, alpha, beta, stream, epi_args=(mRow, mCol))
+
+        @cute.jit
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+            Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
+                                 epi_args)
+            row, col = epi_args
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                m, n = coords[i][0], coords[i][1]
+                v = acc[i] + (l_idx * 500000 + m * 1000 + n).to(cutlass.Float32)
+                if m < prob_m:
+                    v = v + row[m]
+                if n < prob_n:
+                    v = v + col[n]
+                acc[i] = v
+
+    return CoordinateGemm
+
+
+@functools.lru_cache(maxsize=None)
+def compile_coordinate_gemm(cfg_items):
+    """Compile ``coordinate_gemm_class()`` for a config (a tuple of dict items): bf16
+    operands, fp32 C, fp32 full bias, fp32 row/column vectors; called as
+    ``f(A, B, C, Bias, row, col, alpha, beta)``."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+
+    cfg = dict(cfg_items)
+    a, b, c, bias = make_fake_gemm_args("bf16", "fp32", "k", "k", bias_dtype="fp32",
+                                        store=cfg.get("store", "tma"))
+    row = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,))
+    col = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,))
+    return cute.compile(coordinate_gemm_class()(**cfg), a, b, c, bias, row, col,
+                        cutlass.Float32(1.0), cutlass.Float32(0.0),
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options="--enable-tvm-ffi")
+
+
+COORDINATE_CONFIGS = {
+    "coop_128x256_c2x1": dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cooperative=True),
+    "coop_256x128_c1x2": dict(tile_m=256, tile_n=128, tile_k=64, cluster_n=2, cooperative=True,
+                              raster="n"),
+    "1wg_64x256": dict(tile_m=64, tile_n=256, tile_k=64, cooperative=False, raster="n"),
+    "1wg_128x64": dict(tile_m=128, tile_n=64, tile_k=64, cooperative=False),
+    "pp_128x128_c2x1": dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cooperative=False,
+                            pingpong=True, max_active_clusters=2),
+    "pp_64x256": dict(tile_m=64, tile_n=256, tile_k=64, cooperative=False, pingpong=True,
+                      raster="n", max_active_clusters=3),
+    "splitk2_64x128": dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n",
+                           split_k=2, max_active_clusters=3),
+    "splitk4_coop_128x128": dict(tile_m=128, tile_n=128, tile_k=64, cooperative=True,
+                                 split_k=4),
+}
+
+
+@pytest.mark.parametrize("store", ["tma", "direct"])
+@pytest.mark.parametrize("name", list(COORDINATE_CONFIGS))
+def test_epilogue_hook_coordinates_match_float64(name, store):
+    """The hook runs per epilogue sub-tile (per chunk for the direct store) on a copy of
+    the accumulator; its coordinates must be exactly those of the values it gets, with
+    M/N tails, several tiles per CTA (ping-pong: both warpgroups) and batches."""
+    cfg = dict(COORDINATE_CONFIGS[name], store=store)
+    fn = compile_coordinate_gemm(tuple(sorted(cfg.items())))
+    # (M, N, K, L): tails in M and N (N % 4 == 0 for the fp32 TMA store), and N = 257
+    # (direct store only).
+    shapes = [(300, 264, 200, 1), (129, 520, 72, 2), (64, 128, 1000, 1)]
+    if store == "direct":
+        shapes.append((77, 257, 136, 2))
+    for m, n, k, l in shapes:
+        a, _ = kernel_operand(m, k, l, "k")
+        b, _ = kernel_operand(n, k, l, "k")
+        c, c_store = kernel_operand(m, n, l, "k", dtype=torch.float32, fill="nan")
+        bias = torch.randn(l, m, n, device="cuda", dtype=torch.float32).permute(1, 2, 0)
+        row = torch.randn(m, device="cuda", dtype=torch.float32)
+        col = torch.randn(n, device="cuda", dtype=torch.float32)
+        alpha, beta = 0.5, 2.0
+        fn(a, b, c, bias, row, col, alpha, beta)
+        torch.cuda.synchronize()
+        mm = torch.einsum("mkl,nkl->mnl", a.double(), b.double())
+        ms = torch.arange(m, device="cuda", dtype=torch.float64).view(m, 1, 1)
+        ns = torch.arange(n, device="cuda", dtype=torch.float64).view(1, n, 1)
+        ls = torch.arange(l, device="cuda", dtype=torch.float64).view(1, 1, l)
+        ref = (alpha * mm + beta * bias.double() + ls * 500000 + ms * 1000 + ns
+               + row.double().view(m, 1, 1) + col.double().view(1, n, 1))
+        what = f"{name} {store} {m}x{n}x{k} L={l}"
+        assert not torch.isnan(c).any(), f"unwritten outputs: {what}"
+        err = (c.double() - ref).abs()
+        worst = tuple(int(i) for i in torch.nonzero(err == err.max())[0])
+        assert err.max().item() < 0.25, f"{what}: max error {err.max().item()} at {worst}"
+        assert torch.isnan(c_store[:, :, n:]).all(), f"wrote past N: {what}"

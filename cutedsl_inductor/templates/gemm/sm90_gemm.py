@@ -56,10 +56,24 @@ Design
   ``raster="m"`` walks M fastest inside bands of ``group_size`` M-clusters
   (L2 reuse of B); ``raster="n"`` walks N fastest inside bands of
   ``group_size`` N-clusters (L2 reuse of A).
-* Epilogue: fp32 accumulator -> :meth:`Sm90Gemm.epilogue_op` (alpha, bias,
-  beta; the fusion hook) -> cast -> swizzled smem sub-tiles (stmatrix) ->
-  TMA store (``store="tma"``, default), or predicated per-element stores
-  from registers (``store="direct"``).  The TMA loads zero-fill the M/N/K
+* Epilogue, one ``epi_tile`` sub-tile (64 rows per warpgroup of the tile x
+  32 columns; 16 fp32 values per thread) at a time: copy the sub-tile's
+  accumulator values into a register fragment -> :meth:`Sm90Gemm.epilogue_op`
+  on the copy (alpha, bias, beta; the fusion hook) -> cast -> swizzled smem
+  (stmatrix) -> TMA store (``store="tma"``, default).  With
+  ``store="direct"`` the same happens for 16-value chunks of the fragment,
+  followed by predicated per-element stores from registers.  The
+  accumulator itself is never written outside the WGMMAs: in-place epilogue
+  math on it (even ``acc[i] = acc[i] * 2``) changed the mainloop ptxas
+  got (unrolled 3x, a ``warpgroup.arrive`` injected per WGMMA batch:
+  C7519) or, written in a divergent branch, made ptxas serialize the WGMMAs
+  altogether (C7520); fused epilogues were 5-15% slower on H200, ping-pong
+  included.  The copy goes through an opaque inline-asm ``mov``
+  (``_opaque_copy``): with a plain copy LLVM coalesces a hook's result that
+  is written in a divergent branch (``if n < prob_n: v += bias[n]``) back
+  into the accumulator's register.  Split-K: the leader's DSMEM reduction
+  sums into ``acc`` (after the last WGMMA of the tile); the sum then takes
+  the same per-sub-tile path.  The TMA loads zero-fill the M/N/K
   tails exactly.  The TMA store clips rows (M) exactly but the contiguous N
   tail only to 16-byte granularity (measured on H200: with N=257 bf16 it
   rewrote columns 257..263 of each row); hence ``store="tma"`` requires
@@ -105,12 +119,15 @@ avoid both.
 
 Fusing more pointwise work
 --------------------------
-Subclass and override :meth:`Sm90Gemm.epilogue_op`.  It receives one
-thread's fp32 accumulator fragment (a register tensor, modified in place),
-a same-shaped tensor of global ``(m, n)`` coordinates, the batch index, the
-problem bounds and the ``epi_args`` pass-through value given to
-``__call__`` (e.g. a tuple of extra tensors).  Everything before the cast
-to the output dtype happens there.
+Subclass and override :meth:`Sm90Gemm.epilogue_op`.  It is called once per
+epilogue sub-tile (per 16-value chunk with ``store="direct"``) with one
+thread's fp32 register fragment of it (a copy of the accumulator values,
+modified in place), a same-shaped tensor of their global ``(m, n)``
+coordinates, the batch index, the problem bounds and the ``epi_args``
+pass-through value given to ``__call__`` (e.g. a tuple of extra tensors).
+Everything before the cast to the output dtype happens there.  Write
+pointwise code indexed by ``i`` over ``cute.size(frag)``: the fragment's
+shape and the number of calls per tile are the kernel's business.
 """
 
 from __future__ import annotations
@@ -121,7 +138,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import nvvm
+from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -169,6 +186,18 @@ def _dtype_key(dt: Any) -> Optional[str]:
 
 def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def _opaque_copy(x):
+    """``x`` (fp32) through an inline-asm ``mov``: a new value that LLVM cannot see
+    through.  The epilogue copies the accumulator with it; with a plain copy LLVM
+    would fold the copy away and, where a fusion hook writes its fragment in a
+    divergent branch, coalesce the branch's result back into the WGMMA accumulator
+    register -- which makes ptxas serialize the WGMMAs (C7519/C7520)."""
+    return cutlass.Float32(llvm.inline_asm(
+        cutlass.Float32.mlir_type, [cutlass.Float32(x).ir_value()], "mov.b32 $0, $1;",
+        "=f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _split_k_clusters(num_sms: int, cluster_ctas: int) -> int:
@@ -565,14 +594,19 @@ class Sm90Gemm:
     # -------------------------------------------------------------- epilogue
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
-        """Fusion hook: transform one thread's fp32 accumulator fragment in place.
+        """Fusion hook: transform one thread's fp32 fragment of a sub-tile in place.
 
-        ``acc[i]`` holds ``(A @ B^T)[m, n, l_idx]`` for ``(m, n) = coords[i]``.
-        Coordinates may lie outside ``(prob_m, prob_n)`` in tail tiles; those
-        values are discarded by the clipped TMA store but must not fault, so
-        predicate any gmem access.  Default: ``alpha * acc + beta * bias``.
-        Override in a subclass (decorated with ``@cute.jit``) to fuse more
-        pointwise work; ``epi_args`` is passed through from ``__call__``.
+        Called once per epilogue sub-tile (direct store: per 16-value chunk),
+        ``acc`` being a register copy of the sub-tile's accumulator values
+        (never the WGMMA accumulator itself): ``acc[i]`` holds
+        ``(A @ B^T)[m, n, l_idx]`` for ``(m, n) = coords[i]``, ``coords`` a
+        same-shaped tensor of global coordinates.  Every in-bounds ``(m, n)``
+        of the tile is seen exactly once.  Coordinates may lie outside
+        ``(prob_m, prob_n)`` in tail tiles; those values are discarded by the
+        store but must not fault, so predicate any gmem access.  Default:
+        ``alpha * acc + beta * bias``.  Override in a subclass (decorated with
+        ``@cute.jit``) to fuse more pointwise work; ``epi_args`` is passed
+        through from ``__call__``.
         """
         if cutlass.const_expr(mBias is None):
             acc.store(acc.load() * alpha)
@@ -584,6 +618,18 @@ class Sm90Gemm:
                     bias = mBias[mn[0], mn[1], l_idx].to(cutlass.Float32)
                     val = val + beta * bias
                 acc[i] = val
+
+    @staticmethod
+    def _epi_slice(t, s, shape):
+        """Elements ``[s * n, (s + 1) * n)`` (``n = size(shape)``, compile-time ``s``) of
+        ``t`` in its linear (colexicographic) order, as a tensor of ``shape``: the
+        coordinates matching an epilogue copy ``frag[v] = t[s * n + v]``."""
+        n = cute.size(shape)
+        flat = cute.make_tensor(t.iterator, cute.composition(
+            t.layout, cute.make_layout(cute.size(t))))
+        piece = cute.logical_divide(flat, cute.make_layout(n))[(None, s)]
+        return cute.make_tensor(piece.iterator, cute.composition(
+            piece.layout, cute.make_layout(shape)))
 
     # ------------------------------------------------------ ping-pong handoffs
     # Named barriers 3 and 4 (of 256 threads) order the two consumer
@@ -808,6 +854,10 @@ class Sm90Gemm:
                     producer_group=pipeline.CooperativeGroup(
                         pipeline.Agent.Thread, self.tile_threads),
                 )
+            else:
+                # Direct store: the epilogue runs on copies of 16-element chunks.
+                chunk_size = 16
+                chunk = cute.make_rmem_tensor((chunk_size,), self.acc_dtype)
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
             read_state = pipeline.make_pipeline_state(
@@ -833,9 +883,10 @@ class Sm90Gemm:
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
-                warpgroup.fence()
                 for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
+                    # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
+                    warpgroup.fence()
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc,
                                   tCrA[(None, None, kb, read_state.index)],
@@ -888,14 +939,15 @@ class Sm90Gemm:
 
                 # Only the leader (every CTA without split-K) holds the full sum.
                 if split_rank == 0:
-                    # ---------------- epilogue math (fusion hook)
+                    # Global (m, n) of every accumulator element, in acc's layout.
                     coords = thr_mma.partition_C(
                         cute.local_tile(ident, (tm, tn), (m_t, n_t)))
-                    self.epilogue_op(acc, coords, l_t, prob_m, prob_n, mBias, alpha, beta,
-                                     epi_args)
-
                     if cutlass.const_expr(self.store == "tma"):
-                        # ---------------- cast -> smem -> TMA store, sub-tile by sub-tile
+                        # ---------------- per sub-tile: copy -> epilogue_op -> cast
+                        # -> smem -> TMA store.  The fusion hook works on the copy
+                        # (sub_f32), never on acc: writes to the WGMMA accumulator
+                        # registers make ptxas serialize the next tile's mainloop.
+                        tRS_coords = r2s.retile(coords)
                         gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)],
                                                      self.epi_tile)
                         bSG_sC, bSG_gC = cpasync.tma_partition(
@@ -903,7 +955,10 @@ class Sm90Gemm:
                             cute.group_modes(sC, 0, 2), gC_tile)
                         for s in cutlass.range_constexpr(num_subs):
                             for v in cutlass.range_constexpr(sub_size):
-                                sub_f32[v] = tRS_acc[s * sub_size + v]
+                                sub_f32[v] = _opaque_copy(tRS_acc[s * sub_size + v])
+                            self.epilogue_op(
+                                sub_f32, self._epi_slice(tRS_coords, s, sub_shape), l_t,
+                                prob_m, prob_n, mBias, alpha, beta, epi_args)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
                             buf = (tiles_done * num_subs + s) % self.epi_stages
                             if cutlass.const_expr(self.pingpong):
@@ -919,11 +974,18 @@ class Sm90Gemm:
                             epi_bar.arrive_and_wait()
 
                     else:
-                        # ---------------- predicated direct stores (any N)
-                        for i in cutlass.range(cute.size(acc), unroll_full=True):
-                            mn = coords[i]
-                            if cute.elem_less(mn, (prob_m, prob_n)):
-                                tC[mn[0], mn[1], l_t] = acc[i].to(self.c_dtype)
+                        # ---------------- predicated direct stores (any N), chunk by
+                        # chunk of the fragment, each through a copy (see above).
+                        for s in cutlass.range_constexpr(cute.size(acc) // chunk_size):
+                            for v in cutlass.range_constexpr(chunk_size):
+                                chunk[v] = _opaque_copy(acc[s * chunk_size + v])
+                            chunk_coords = self._epi_slice(coords, s, (chunk_size,))
+                            self.epilogue_op(chunk, chunk_coords, l_t, prob_m, prob_n,
+                                             mBias, alpha, beta, epi_args)
+                            for v in cutlass.range_constexpr(chunk_size):
+                                mn = chunk_coords[v]
+                                if cute.elem_less(mn, (prob_m, prob_n)):
+                                    tC[mn[0], mn[1], l_t] = chunk[v].to(self.c_dtype)
 
                 tiles_done += 1
                 linear += walk_stride

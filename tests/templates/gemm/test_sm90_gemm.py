@@ -270,3 +270,65 @@ def test_pick_configs_offers_pingpong_for_large_problems():
     # One tile per CTA: a ping-pong CTA would leave a warpgroup idle.
     assert not pick_configs(512, 512, 512)[0].get("pingpong")
     assert not pick_configs(128, 8192, 8192)[0].get("pingpong")
+
+
+@pytest.mark.parametrize("name,store", [("coop_128x256_c2x1", "tma"), ("1wg_128x64", "direct"),
+                                        ("pp_64x256", "tma"), ("splitk2_64x128", "direct")])
+def test_coordinate_epilogue_compiles(name, store):
+    """The GPU coordinate test's fused epilogue (per-sub-tile hook with coordinates, rows
+    and columns, the default bias path underneath) traces and compiles."""
+    from tests.gpu.test_gemm import COORDINATE_CONFIGS, compile_coordinate_gemm
+
+    cfg = dict(COORDINATE_CONFIGS[name], store=store)
+    assert callable(compile_coordinate_gemm(tuple(sorted(cfg.items()))))
+
+
+@pytest.mark.parametrize("cfg,c_dtype", [
+    (dict(tile_m=128, tile_n=256, cooperative=True), "bf16"),
+    (dict(tile_m=128, tile_n=128, cooperative=False, pingpong=True), "bf16"),
+    (dict(tile_m=64, tile_n=192, cooperative=False), "fp32"),
+], ids=["coop_128x256_bf16", "pp_128x128_bf16", "1wg_64x192_fp32"])
+def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
+    """Static layout check (no GPU): for every consumer thread and epilogue sub-tile s,
+    the coordinates the hook gets for ``frag[v]`` (the accumulator's coordinate tensor
+    retiled like the accumulator, sub-tile s) are where the register -> smem copy puts
+    value v: its source-side position in the epilogue tile plus the tile's origin,
+    which the TMA store writes to.  Together the sub-tiles cover the tile once."""
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.tensor_utils import LayoutEnum
+
+    from cutedsl_inductor.templates.gemm.sm90_gemm import _CUTLASS_DTYPES
+
+    gemm = Sm90Gemm(**cfg)
+    row = LayoutEnum.ROW_MAJOR
+    result = {}
+
+    @cute.jit
+    def trace():
+        gemm._setup(cutlass.BFloat16, cutlass.BFloat16, _CUTLASS_DTYPES[c_dtype], row, row, row)
+        tm, tn = gemm.tile_m, gemm.tile_n
+        epi_m, epi_n = gemm.epi_tile
+        subs_n = tn // epi_n
+        stm_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4),
+                                       gemm.c_dtype)
+        r2s = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, gemm.c_dtype, gemm.acc_dtype),
+            cute.make_tiled_copy_C_atom(stm_atom, gemm.tiled_mma))
+        tile_ident = cute.make_identity_tensor((tm, tn))
+        epi_ident = cute.make_identity_tensor((epi_m, epi_n))
+        got, want = [], []
+        for t in cutlass.range_constexpr(gemm.tile_threads):
+            tRS_coords = r2s.retile(gemm.tiled_mma.get_slice(t).partition_C(tile_ident))
+            in_epi = r2s.get_slice(t).partition_S(epi_ident)
+            sub_shape = cute.shape(in_epi)
+            for s in cutlass.range_constexpr((tm // epi_m) * subs_n):
+                sub_coords = Sm90Gemm._epi_slice(tRS_coords, s, sub_shape)
+                for v in cutlass.range_constexpr(cute.size(sub_shape)):
+                    got.append((int(sub_coords[v][0]), int(sub_coords[v][1])))
+                    want.append(((s // subs_n) * epi_m + int(in_epi[v][0]),
+                                 (s % subs_n) * epi_n + int(in_epi[v][1])))
+        result.update(got=got, want=want, size=tm * tn)
+
+    trace()
+    assert result["got"] == result["want"]
+    assert len(set(result["got"])) == len(result["got"]) == result["size"]
