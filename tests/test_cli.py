@@ -45,3 +45,12 @@ def test_bench_gemm_merges_shards(tmp_path):
     assert "geomean vs cuBLAS 1.000 over 2 shapes; worst 0.80 at 16x4096x4096 bf16 nt" in run.stdout
     assert "above Inductor's best Triton on 0 of 1 shapes" in run.stdout
     assert len((tmp_path / "merged" / "gemm_bench.csv").read_text().splitlines()) == 3
+
+
+def test_bench_gemm_shapes(tmp_path):
+    from cutedsl_inductor.bench.gemm import parse_shapes
+
+    assert parse_shapes("16x4096x14336,1024X1024x1024") == [(16, 4096, 14336), (1024, 1024, 1024)]
+    run = cli("bench", "gemm", "--shapes", "128x4096x4096,64x4096", cache_dir=tmp_path)
+    assert run.returncode == 2
+    assert "'64x4096' is not MxNxK (positive integers)" in run.stderr

@@ -4,7 +4,8 @@ Inductor's best Triton template, per shape, measured in one run.
 Suite: squares 1024..8192 and LLM shapes M in {16, 64, 128, 256, 1024, 4096, 8192} x
 (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}; bf16 and fp16;
 B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix ("nn").
-``--quick`` runs a small representative subset; ``--shard K/N`` splits the suite
+``--quick`` runs a small representative subset, ``--shapes MxNxK,...`` the shapes
+given; ``--shard K/N`` splits the suite
 across several runs (each writes its own CSV). For each shape: TFLOP/s of our best
 config (the heuristic's configs, each compiled through the template path and timed),
 of ``torch.mm`` (cuBLAS) and of Inductor's best Triton template
@@ -100,6 +101,17 @@ def read_rows(directory: Path) -> list[dict[str, Any]]:
                 for row in csv.DictReader(f)]
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"128x4096x4096,1024x1024x1024"`` -> ``[(128, 4096, 4096), (1024, 1024, 1024)]``."""
+    shapes = []
+    for item in text.split(","):
+        dims = item.lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"{item!r} is not MxNxK (positive integers)")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
               with_triton: bool) -> list[dict[str, Any]]:
     rows = []
@@ -165,6 +177,8 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench gemm")
     parser.add_argument("--quick", action="store_true", help="a small representative subset")
+    parser.add_argument("--shapes", type=parse_shapes, metavar="MxNxK,...",
+                        help="these shapes instead of the suite")
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--layouts", default="nt,nn")
     parser.add_argument("--no-triton", action="store_true")
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench gemm needs an sm_90 GPU")
         return 2
     index, count = (int(x) for x in args.shard.split("/"))
-    shapes = (QUICK if args.quick else SQUARES + LLM)[index - 1::count]
+    shapes = (args.shapes or (QUICK if args.quick else SQUARES + LLM))[index - 1::count]
     rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
                      with_triton=not args.no_triton)
     print(summarize(rows))

@@ -71,9 +71,9 @@ Design
   included.  The copy goes through an opaque inline-asm ``mov``
   (``_opaque_copy``): with a plain copy LLVM coalesces a hook's result that
   is written in a divergent branch (``if n < prob_n: v += bias[n]``) back
-  into the accumulator's register.  Split-K: the leader's DSMEM reduction
-  sums into ``acc`` (after the last WGMMA of the tile); the sum then takes
-  the same per-sub-tile path.  The TMA loads zero-fill the M/N/K
+  into the accumulator's register.  Split-K: the DSMEM reduction sums a
+  CTA's own units into ``acc`` (after the last WGMMA of the tile); the sum
+  then takes the same per-sub-tile path.  The TMA loads zero-fill the M/N/K
   tails exactly.  The TMA store clips rows (M) exactly but the contiguous N
   tail only to 16-byte granularity (measured on H200: with N=257 bf16 it
   rewrote columns 257..263 of each row); hence ``store="tma"`` requires
@@ -86,15 +86,19 @@ Design
   ``split_k``: its partial sum is then zero).  No workspace, no atomics: each
   CTA has a dedicated fp32 reduction buffer in smem (one accumulator tile;
   the ring cannot serve, the producer already prefetches the next tile
-  into it).  A peer (rank > 0) writes its fragment into its own buffer and
-  arrives (release, cluster scope) on the leader's "ready" mbarrier; the
-  leader (rank 0) waits on it, reads every peer's buffer through DSMEM
-  (``ld.shared::cluster``, same per-thread fragment layout), adds, and
-  arrives on each peer's "free" mbarrier, which a peer waits on before it
-  rewrites its buffer for the next tile and before it exits.  Only the
-  leader runs ``epilogue_op`` and the store, so the hook sees each full sum
-  exactly once.  The persistent walk and the cluster's tile sequence are
-  those of the unsplit kernel with clusters of ``split_k`` CTAs.
+  into it).  Reduce-scatter: every CTA writes its fragment into its own
+  buffer and arrives (release, cluster scope) on each peer's "ready"
+  mbarrier; epilogue unit u (the fragment's values [16u, 16u + 16): one
+  store sub-tile) belongs to rank u % split_k, which waits on its "ready",
+  adds the peers' values of its units into ``acc`` through DSMEM
+  (``ld.shared::cluster``, same per-thread fragment layout) and arrives on
+  each peer's "free" mbarrier; a CTA waits on its "free" before it rewrites
+  its buffer for the next tile and before it exits.  Each CTA then runs
+  ``epilogue_op`` and the store for its own units only, so the hook sees
+  each full sum exactly once, and the reduction's DSMEM reads and the
+  epilogue are spread over the cluster.  The persistent walk and the
+  cluster's tile sequence are those of the unsplit kernel with clusters of
+  ``split_k`` CTAs.
 
 Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
 ---------------------------------------------------------------------
@@ -158,6 +162,9 @@ SM90_SMEM_CAPACITY = 227 * 1024
 # Reserved for mbarriers + alignment padding of the smem carve-out.
 _SMEM_RESERVED = 1024 + 256
 _THREADS_PER_WG = 128
+# Accumulator values per thread in one epilogue unit (a TMA-store sub-tile of
+# ``epi_tile`` or a direct-store chunk): the fragment's values [16u, 16u + 16).
+_EPI_UNIT = 16
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
 
@@ -235,8 +242,8 @@ class Sm90Gemm:
     :param num_sms: SM count used for the default above (132 for H100/H200).
     :param split_k: CTAs per cluster that share one output tile, each
         accumulating a contiguous range of K tiles; their fp32 partial sums
-        are reduced through distributed shared memory into the cluster's
-        leader CTA, the only one that runs the epilogue.  One of
+        are reduced through distributed shared memory, each CTA summing
+        and storing its share of the tile's epilogue sub-tiles.  One of
         ``SPLIT_K_CHOICES``; > 1 needs ``cluster_m == cluster_n == 1`` and a
         ``tile_m * tile_n * 4``-byte smem reduction buffer (fewer stages).
     :param store: epilogue store path.  "tma" (default, fast): smem + TMA
@@ -539,7 +546,7 @@ class Sm90Gemm:
         @cute.struct
         class GemmSmem:
             ring_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            # split-K: "partials ready" (used in the leader), "buffer free" (peers)
+            # split-K: "the peers' partials are ready", "the peers have read mine"
             reduce_bars: cute.struct.MemRange[cutlass.Int64, 2]
             smem_a: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.sA_layout)], 1024]
@@ -696,8 +703,7 @@ class Sm90Gemm:
 
         split = self.split_k
         if cutlass.const_expr(split > 1):
-            # The cluster is the K split of one output tile (cluster_m == cluster_n == 1);
-            # rank 0 is the leader that reduces the partial sums and runs the epilogue.
+            # The cluster is the K split of one output tile (cluster_m == cluster_n == 1).
             split_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             cta_crd = (0, 0, 0)
             # This CTA's contiguous range of K tiles: balanced, empty if k_tiles < split.
@@ -728,7 +734,7 @@ class Sm90Gemm:
             if warp == 0:
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_init(reduce_ready, (split - 1) * num_consumer_warps)
-                    cute.arch.mbarrier_init(reduce_free, num_consumer_warps)
+                    cute.arch.mbarrier_init(reduce_free, (split - 1) * num_consumer_warps)
 
         stage_bytes = cute.size_in_bytes(
             self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
@@ -812,13 +818,14 @@ class Sm90Gemm:
             acc = cute.make_rmem_tensor(
                 tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
+            num_units = cute.size(acc) // _EPI_UNIT
             if cutlass.const_expr(split > 1):
                 # Split-K reduction buffer: thread t's fragment element v sits at
                 # (v // 4) * 4T + 4t + v % 4 (T consumer threads), so every access
                 # is a 16-byte vector and a warp's accesses are contiguous.
                 frag = cute.size(acc)
                 acc_flat = cute.make_tensor(acc.iterator, cute.make_layout(frag))
-                partial = cute.make_rmem_tensor((frag,), self.acc_dtype)
+                partial = cute.make_rmem_tensor((_EPI_UNIT,), self.acc_dtype)
                 nthr = self.num_consumer_threads
                 reduce_layout = cute.make_layout(((4, frag // 4), nthr),
                                                  stride=((1, 4 * nthr), 4))
@@ -843,10 +850,13 @@ class Sm90Gemm:
                 sub_f32 = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
                 sub_out = cute.make_rmem_tensor(sub_shape, self.c_dtype)
                 sub_size = cute.size(sub_f32)
+                assert sub_size == _EPI_UNIT, sub_size
                 epi_m, epi_n = self.epi_tile
                 subs_m = tm // epi_m
                 subs_n = tn // epi_n
                 num_subs = subs_m * subs_n
+                # TMA stores per tile by this CTA (sub-tiles s with s % split == rank).
+                subs_per_cta = (num_subs - split_rank + split - 1) // split
                 epi_bar = pipeline.NamedBarrier(barrier_id=1 + pp_wg,
                                                 num_threads=self.tile_threads)
                 store_pipe = pipeline.PipelineTmaStore.create(
@@ -856,8 +866,7 @@ class Sm90Gemm:
                 )
             else:
                 # Direct store: the epilogue runs on copies of 16-element chunks.
-                chunk_size = 16
-                chunk = cute.make_rmem_tensor((chunk_size,), self.acc_dtype)
+                chunk = cute.make_rmem_tensor((_EPI_UNIT,), self.acc_dtype)
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
             read_state = pipeline.make_pipeline_state(
@@ -911,56 +920,67 @@ class Sm90Gemm:
                     self.pingpong_skip_stages(read_state, free_state, k_tiles)
 
                 if cutlass.const_expr(split > 1):
-                    # ---------------- split-K: reduce the partial sums into the leader
-                    if split_rank == 0:
-                        cute.arch.mbarrier_wait(reduce_ready, tiles_done % 2)
+                    # ---------------- split-K: reduce-scatter over the cluster.  Publish
+                    # this tile's partial sums once the peers have read the last ones.
+                    cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
+                    cute.autovec_copy(acc_flat, my_slot)
+                    cute.arch.sync_warp()
+                    if lane == 0:
                         cute.arch.fence_acq_rel_cluster()
-                        for peer in cutlass.range_constexpr(1, split):
-                            peer_buf = cute.make_tensor(
-                                cute.arch.map_dsmem_ptr(reduce_ptr, peer), reduce_layout)
-                            cute.autovec_copy(peer_buf[(None, ctid)], partial)
-                            acc_flat.store(acc_flat.load() + partial.load())
-                        # Each warp hands the peers' buffers back once it has read them.
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            for peer in cutlass.range_constexpr(1, split):
+                        for peer in cutlass.range_constexpr(split):
+                            if peer != split_rank:
+                                cute.arch.mbarrier_arrive(reduce_ready, peer,
+                                                          scope=nvvm.MemScopeKind.CLUSTER)
+                    # Add the peers' partials of the epilogue units this CTA owns.
+                    cute.arch.mbarrier_wait(reduce_ready, tiles_done % 2)
+                    cute.arch.fence_acq_rel_cluster()
+                    for u in cutlass.range_constexpr(num_units):
+                        if u % split == split_rank:
+                            for peer in cutlass.range_constexpr(split):
+                                if peer != split_rank:
+                                    peer_slot = cute.make_tensor(
+                                        cute.arch.map_dsmem_ptr(reduce_ptr, peer),
+                                        reduce_layout)[(None, ctid)]
+                                    cute.autovec_copy(
+                                        self._epi_slice(peer_slot, u, (_EPI_UNIT,)), partial)
+                                    for v in cutlass.range_constexpr(_EPI_UNIT):
+                                        acc_flat[u * _EPI_UNIT + v] += partial[v]
+                    # Each warp hands the peers' buffers back once it has read them.
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        for peer in cutlass.range_constexpr(split):
+                            if peer != split_rank:
                                 cute.arch.mbarrier_arrive(reduce_free, peer,
                                                           scope=nvvm.MemScopeKind.CLUSTER)
-                    else:
-                        # Wait until the leader has read this buffer's previous tile.
-                        cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
-                        cute.arch.fence_acq_rel_cluster()
-                        cute.autovec_copy(acc_flat, my_slot)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            cute.arch.fence_acq_rel_cluster()
-                            cute.arch.mbarrier_arrive(reduce_ready, 0,
-                                                      scope=nvvm.MemScopeKind.CLUSTER)
 
-                # Only the leader (every CTA without split-K) holds the full sum.
-                if split_rank == 0:
-                    # Global (m, n) of every accumulator element, in acc's layout.
-                    coords = thr_mma.partition_C(
-                        cute.local_tile(ident, (tm, tn), (m_t, n_t)))
-                    if cutlass.const_expr(self.store == "tma"):
-                        # ---------------- per sub-tile: copy -> epilogue_op -> cast
-                        # -> smem -> TMA store.  The fusion hook works on the copy
-                        # (sub_f32), never on acc: writes to the WGMMA accumulator
-                        # registers make ptxas serialize the next tile's mainloop.
-                        tRS_coords = r2s.retile(coords)
-                        gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)],
-                                                     self.epi_tile)
-                        bSG_sC, bSG_gC = cpasync.tma_partition(
-                            tma_c, 0, cute.make_layout(1),
-                            cute.group_modes(sC, 0, 2), gC_tile)
-                        for s in cutlass.range_constexpr(num_subs):
+                # Epilogue unit u (16 values per thread: a TMA-store sub-tile or a
+                # direct-store chunk, both the fragment's values [16u, 16u + 16))
+                # belongs to CTA rank u % split_k: to this CTA without split-K.
+                # Global (m, n) of every accumulator element, in acc's layout.
+                coords = thr_mma.partition_C(
+                    cute.local_tile(ident, (tm, tn), (m_t, n_t)))
+                if cutlass.const_expr(self.store == "tma"):
+                    # ---------------- per sub-tile: copy -> epilogue_op -> cast
+                    # -> smem -> TMA store.  The fusion hook works on the copy
+                    # (sub_f32), never on acc: writes to the WGMMA accumulator
+                    # registers make ptxas serialize the next tile's mainloop.
+                    tRS_coords = r2s.retile(coords)
+                    gC_tile = cute.zipped_divide(gC[(None, None, m_t, n_t, l_t)],
+                                                 self.epi_tile)
+                    bSG_sC, bSG_gC = cpasync.tma_partition(
+                        tma_c, 0, cute.make_layout(1),
+                        cute.group_modes(sC, 0, 2), gC_tile)
+                    for s in cutlass.range_constexpr(num_subs):
+                        if s % split == split_rank:
                             for v in cutlass.range_constexpr(sub_size):
                                 sub_f32[v] = _opaque_copy(tRS_acc[s * sub_size + v])
                             self.epilogue_op(
                                 sub_f32, self._epi_slice(tRS_coords, s, sub_shape), l_t,
                                 prob_m, prob_n, mBias, alpha, beta, epi_args)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
-                            buf = (tiles_done * num_subs + s) % self.epi_stages
+                            # This CTA's (s // split)-th store of the tile: consecutive
+                            # stores rotate through the smem buffers.
+                            buf = (tiles_done * subs_per_cta + s // split) % self.epi_stages
                             if cutlass.const_expr(self.pingpong):
                                 buf += pp_wg * self.epi_stages
                             cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
@@ -973,16 +993,17 @@ class Sm90Gemm:
                                 store_pipe.producer_acquire()
                             epi_bar.arrive_and_wait()
 
-                    else:
-                        # ---------------- predicated direct stores (any N), chunk by
-                        # chunk of the fragment, each through a copy (see above).
-                        for s in cutlass.range_constexpr(cute.size(acc) // chunk_size):
-                            for v in cutlass.range_constexpr(chunk_size):
-                                chunk[v] = _opaque_copy(acc[s * chunk_size + v])
-                            chunk_coords = self._epi_slice(coords, s, (chunk_size,))
+                else:
+                    # ---------------- predicated direct stores (any N), chunk by
+                    # chunk of the fragment, each through a copy (see above).
+                    for s in cutlass.range_constexpr(num_units):
+                        if s % split == split_rank:
+                            for v in cutlass.range_constexpr(_EPI_UNIT):
+                                chunk[v] = _opaque_copy(acc[s * _EPI_UNIT + v])
+                            chunk_coords = self._epi_slice(coords, s, (_EPI_UNIT,))
                             self.epilogue_op(chunk, chunk_coords, l_t, prob_m, prob_n,
                                              mBias, alpha, beta, epi_args)
-                            for v in cutlass.range_constexpr(chunk_size):
+                            for v in cutlass.range_constexpr(_EPI_UNIT):
                                 mn = chunk_coords[v]
                                 if cute.elem_less(mn, (prob_m, prob_n)):
                                     tC[mn[0], mn[1], l_t] = chunk[v].to(self.c_dtype)
@@ -990,9 +1011,8 @@ class Sm90Gemm:
                 tiles_done += 1
                 linear += walk_stride
             if cutlass.const_expr(split > 1):
-                # A peer may exit only after the leader has read its last partial.
-                if split_rank != 0:
-                    cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
+                # A CTA may exit only after its peers have read its last partials.
+                cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
             if cutlass.const_expr(self.store == "tma"):
                 if warp == store_warp:
                     store_pipe.producer_tail()
@@ -1038,9 +1058,9 @@ _SPLIT_K_BASE_CONFIGS = [
 _SPLIT_K_FACTORS = (2, 4, 8)
 # Split-K is considered while the output tiles fill less than this fraction of the SMs.
 _SPLIT_K_MAX_FILL = 0.6
-# The leader's DSMEM reduction reads (split_k - 1) fp32 tiles: at ~32 B/clk against
-# ~2048 WGMMA FMA/clk per SM that costs about as much as this many extra K elements of
-# mainloop per additional split.
+# A CTA's share of the reduce-scatter reads (split_k - 1) / split_k fp32 tiles through
+# DSMEM: at ~32 B/clk against ~2048 WGMMA FMA/clk per SM a whole tile costs about as
+# much as this many extra K elements of mainloop.
 _SPLIT_K_REDUCE_K = 256
 
 # Rough relative mainloop efficiency of a tile shape (bigger tiles reuse more).
@@ -1088,7 +1108,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     Split-K candidates enter only when the output tiles fill less than
     ``_SPLIT_K_MAX_FILL`` of the SMs and every split gets >= 2 K tiles; their
     per-tile work is ``ceil(k / split_k)`` plus the DSMEM reduction, counted
-    as ``_SPLIT_K_REDUCE_K`` K elements per additional split.
+    as ``_SPLIT_K_REDUCE_K * (split_k - 1) / split_k`` K elements.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0
@@ -1109,7 +1129,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         slots = (_split_k_clusters(num_sms, split_k) if split_k > 1
                  else max(1, num_sms // (cm * cn)))
         waves = _ceil_div(clusters, slots)
-        k_work = max(_ceil_div(k, split_k), 64) + _SPLIT_K_REDUCE_K * (split_k - 1)
+        k_work = max(_ceil_div(k, split_k), 64) + _SPLIT_K_REDUCE_K * (split_k - 1) / split_k
         efficiency = _TILE_EFFICIENCY.get((tm, tn), 0.6)
         if cfg.get("pingpong", False):
             efficiency = (_PINGPONG_EFFICIENCY.get((tm, tn), efficiency) if waves >= 2

@@ -42,10 +42,10 @@ def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
 
 
 def test_split_k_choice_renders_split_k_only_when_split(graph):
-    a = make_input(graph, "a", (64, 4096), torch.bfloat16)
+    a = make_input(graph, "a", (128, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
     choices = []
-    gemm_choices(choices, "mm", [a, b], make_layout((64, 4096), torch.bfloat16))
+    gemm_choices(choices, "mm", [a, b], make_layout((128, 4096), torch.bfloat16))
     split = [c for c in choices if "SPLIT_K" in c.params]
     unsplit = [c for c in choices if "SPLIT_K" not in c.params]
     assert split and unsplit
