@@ -2,9 +2,10 @@
 
   demo                         the main job (see ``cutedsl_inductor.demo``)
   cache info | cache clear     what the kernel cache holds / empty it
-  precompile [--arch sm_90a] [--templates elementwise,gemm]
+  precompile [--arch sm_90a] [--templates elementwise,gemm] [--gemm-shapes S]
                                compile the built-in templates' default choices into the
-                               cache, GPU or not
+                               cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
+                               shapes), the GEMM choices for those shapes
   bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
   bench epilogue [--quick]     fused GEMM blocks vs Inductor default / max-autotune (GPU)
 """
@@ -36,10 +37,17 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``--gemm-shapes``: "suite" (``bench gemm``'s shapes) or ``MxNxK,...``."""
+    from .bench.gemm import LLM, SQUARES, parse_shapes
+
+    return SQUARES + LLM if text == "suite" else parse_shapes(text)
+
+
 def _precompile(args: argparse.Namespace) -> int:
     from .autotune.precompile import precompile
 
-    summary = precompile(args.arch, tuple(args.templates.split(",")))
+    summary = precompile(args.arch, tuple(args.templates.split(",")), args.gemm_shapes)
     print(summary)
     return 1 if summary.failed else 0
 
@@ -70,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--arch", default="sm_90a")
     pre.add_argument("--templates", default=",".join(BUILTIN_TEMPLATES),
                      help="comma-separated built-in templates (default: all)")
+    pre.add_argument("--gemm-shapes", type=_gemm_shapes, metavar="MxNxK,...|suite",
+                     help="the GEMM choices for these shapes (default: one 4096^3 problem)")
     pre.set_defaults(run=_precompile)
     commands.add_parser("bench", help="bench gemm|epilogue [--quick]: see cutedsl_inductor/bench")
     args = parser.parse_args(argv)

@@ -47,7 +47,10 @@ class PrecompileSummary:
 
 
 def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
+               gemm_shapes: list[tuple[int, int, int]] | None = None,
                progress: bool = True) -> PrecompileSummary:
+    """Compile the choices of ``templates`` for ``arch`` into the disk cache; the GEMM's
+    for each (M, N, K) of ``gemm_shapes`` (default: one representative shape)."""
     from tqdm import tqdm
 
     summary = PrecompileSummary()
@@ -56,7 +59,10 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
         choices: list[Any] = []
         for name in templates:
             module = importlib.import_module(BUILTIN_TEMPLATES[name])
-            choices += module.precompile_choices(scratch)
+            if name == "gemm" and gemm_shapes:
+                choices += module.precompile_choices(scratch, gemm_shapes)
+            else:
+                choices += module.precompile_choices(scratch)
         for choice in tqdm(choices, desc=f"precompile {arch}", unit="kernel",
                            disable=not progress):
             before = dict(compiler.stats)

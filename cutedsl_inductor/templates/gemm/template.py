@@ -155,10 +155,14 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
 PRECOMPILE_SHAPE = (4096, 4096, 4096)
 
 
-def precompile_choices(scratch: Any) -> list[Any]:
-    """The default choices for a problem whose sizes and strides are multiples of 16
-    (the common class; others compile on first use): mm with B row-major and transposed
-    (an nn.Linear weight), for bf16 and fp16; addmm with a bias vector and bmm, bf16."""
+def precompile_choices(scratch: Any, shapes: list[tuple[int, int, int]] | None = None
+                       ) -> list[Any]:
+    """The choices for problems whose sizes and strides are multiples of 16 (the common
+    class; others compile on first use): mm with B row-major and transposed (an
+    nn.Linear weight), for bf16 and fp16, at each (M, N, K) of ``shapes`` (default:
+    ``PRECOMPILE_SHAPE``; the heuristic picks different configs for different shapes);
+    addmm with a bias vector and bmm, bf16, at ``PRECOMPILE_SHAPE``.  Choices of
+    different shapes that render the same kernel compile once."""
     from torch._inductor import ir
 
     m, n, k = PRECOMPILE_SHAPE
@@ -167,10 +171,12 @@ def precompile_choices(scratch: Any) -> list[Any]:
         return ir.FixedLayout(torch.device("cuda", 0), dtype, list(size))
 
     choices: list[Any] = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for b_stride in ((n, 1), (1, k)):
-            a, b = scratch.input((m, k), dtype), scratch.input((k, n), dtype, b_stride)
-            gemm_choices(choices, "mm", [a, b], output(dtype, m, n))
+    for sm, sn, sk in shapes or [PRECOMPILE_SHAPE]:
+        for dtype in (torch.bfloat16, torch.float16):
+            for b_stride in ((sn, 1), (1, sk)):
+                a = scratch.input((sm, sk), dtype)
+                b = scratch.input((sk, sn), dtype, b_stride)
+                gemm_choices(choices, "mm", [a, b], output(dtype, sm, sn))
     bf16 = torch.bfloat16
     a, w_t = scratch.input((m, k), bf16), scratch.input((k, n), bf16, (1, k))
     bias = scratch.input((m, n), bf16, (0, 1))

@@ -41,6 +41,23 @@ def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
     assert len({c.hash_key() for c in choices}) == len(choices)
 
 
+def test_precompile_for_shapes_offers_each_shapes_configs():
+    """Small M gets split-K configs that 4096^3 does not: precompiling for both shapes
+    offers the kernels of both."""
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.templates.gemm.template import precompile_choices
+
+    def configs(choices):
+        return {c.description for c in choices}
+
+    with scratch_graph() as scratch:
+        large = precompile_choices(scratch)
+        both = precompile_choices(scratch, [(16, 4096, 4096), (4096, 4096, 4096)])
+    assert not any("SPLIT_K" in c.params for c in large)
+    assert any("SPLIT_K" in c.params for c in both)
+    assert configs(large) < configs(both)
+
+
 def test_split_k_choice_renders_split_k_only_when_split(graph):
     a = make_input(graph, "a", (128, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
