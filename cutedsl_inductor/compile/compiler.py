@@ -3,8 +3,10 @@ with the disk cache on, once per machine (or once anywhere, with ``precompile``)
 
 A specialization's key hashes everything that changes the binary: the module source
 (which contains the template's parameters), the entry name, the argument specs, the
-target arch, the compile options and the versions of nvidia-cutlass-dsl,
-apache-tvm-ffi and this package. ``compile_entry`` compiles a ``@cute.jit`` entry with
+target arch, the compile options, the versions of nvidia-cutlass-dsl,
+apache-tvm-ffi and this package, and a hash of this package's Python sources (generated
+modules import its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there
+must miss every cache even where the version stays the same). ``compile_entry`` compiles a ``@cute.jit`` entry with
 TVM-FFI (the stream comes from the caller's current torch stream); the result takes
 torch tensors directly. ``JitOnce`` gives upstream-style modules, whose plain Python
 entry calls a ``@cute.jit`` function itself, the same compile-once behaviour per
@@ -22,6 +24,7 @@ import importlib.metadata
 import json
 import logging
 import threading
+from pathlib import Path
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,11 +42,21 @@ _COMPILE_LOCK = threading.RLock()
 stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "disk_load_s": 0.0}
 
 
+def source_tree_hash(root: Path) -> str:
+    """sha256 over the relative paths and contents of every ``*.py`` under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 @functools.cache
 def toolchain_versions() -> dict[str, str]:
     from .. import __version__
 
-    versions = {"cutedsl_inductor": __version__}
+    versions = {"cutedsl_inductor": __version__,
+                "cutedsl_inductor sources": source_tree_hash(Path(__file__).resolve().parents[1])}
     for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
         try:
             versions[dist] = importlib.metadata.version(dist)

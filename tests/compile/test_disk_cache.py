@@ -64,6 +64,22 @@ def test_key_changes_rebuild(graph, monkeypatch, change):
     assert len(default_cache().entries()) == 2
 
 
+def test_an_edit_to_the_package_sources_changes_the_versions_in_every_key(tmp_path):
+    """Generated modules import the package's kernels (the GEMM body is sm90_gemm.py, not
+    in the rendered source): editing one must change the versions every key hashes."""
+    import shutil
+
+    package = Path(compiler.__file__).resolve().parents[1]
+    assert compiler.toolchain_versions()["cutedsl_inductor sources"] == \
+        compiler.source_tree_hash(package)
+    copy = tmp_path / "cutedsl_inductor"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = compiler.source_tree_hash(copy)
+    kernel = copy / "templates" / "gemm" / "sm90_gemm.py"
+    kernel.write_text(kernel.read_text() + "\n# an edit\n")
+    assert compiler.source_tree_hash(copy) != before
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_manifest", "foreign", "no_object"])
 def test_unusable_entries_are_removed_and_rebuilt(graph, kernel_cache_dir, caplog, damage):
     fresh_process_load(graph)
