@@ -3,9 +3,10 @@
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
 #                                             bench_epilogue splitk pingpong bench_gemm_shards
 #                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
+#                                             (default: the first eight)
 # bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
 # in parallel, into $OUT/gemm_shard_K; merge them with `bench gemm --merge DIR ...`.
-# (default: all). Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
+# Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
