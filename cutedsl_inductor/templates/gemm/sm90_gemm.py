@@ -936,6 +936,7 @@ class Sm90Gemm:
                     # ---------------- split-K: reduce-scatter over the cluster.  Publish
                     # this tile's partial sums once the peers have read the last ones.
                     cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
+                    cute.arch.fence_acq_rel_cluster()  # the peers' reads before our writes
                     cute.autovec_copy(acc_flat, my_slot)
                     cute.arch.sync_warp()
                     if lane == 0:
