@@ -5,12 +5,11 @@ Suite: squares 1024..8192 and LLM shapes M in {16, 64, 128, 256, 1024, 4096, 819
 (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}; bf16 and fp16;
 B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix ("nn").
 ``--quick`` runs a small representative subset, ``--shapes MxNxK,...`` the shapes
-given; ``--shard K/N`` splits the suite
-across several runs (each writes its own CSV). For each shape: TFLOP/s of our best
-config (the heuristic's configs, each compiled through the template path and timed),
-of ``torch.mm`` (cuBLAS) and of Inductor's best Triton template
-(``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a PNG plot go to
-``--out``. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
+given; ``--shard K/N`` splits the suite across several runs (each writes its own CSV).
+For each shape: TFLOP/s of our best config (the heuristic's configs, each compiled
+through the template path and timed), of ``torch.mm`` (cuBLAS) and of Inductor's best
+Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a
+PNG plot go to ``--out``. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
 ``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
 writes them as one CSV and plot.
 """

@@ -3,11 +3,11 @@ with the disk cache on, once per machine (or once anywhere, with ``precompile``)
 
 A specialization's key hashes everything that changes the binary: the module source
 (which contains the template's parameters), the entry name, the argument specs, the
-target arch, the compile options, the versions of nvidia-cutlass-dsl,
-apache-tvm-ffi and this package, and a hash of this package's Python sources (generated
-modules import its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there
-must miss every cache even where the version stays the same). ``compile_entry`` compiles a ``@cute.jit`` entry with
-TVM-FFI (the stream comes from the caller's current torch stream); the result takes
+target arch, the compile options, the versions of nvidia-cutlass-dsl, apache-tvm-ffi
+and this package, and a hash of this package's Python sources (generated modules import
+its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there must miss every
+cache even where the version stays the same). ``compile_entry`` compiles a
+``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch stream); the result takes
 torch tensors directly. ``JitOnce`` gives upstream-style modules, whose plain Python
 entry calls a ``@cute.jit`` function itself, the same compile-once behaviour per
 distinct argument signature (CuTe's own ``__cache_key__`` of each argument).
@@ -24,9 +24,9 @@ import importlib.metadata
 import json
 import logging
 import threading
-from pathlib import Path
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import config
