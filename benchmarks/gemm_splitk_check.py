@@ -53,6 +53,12 @@ def main(argv=None) -> int:
                                                             pick_configs)
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    from cutlass.utils import HardwareInfo
+
+    # What _split_k_clusters assumes: co-resident clusters of 2, 4 and 8 CTAs.
+    hardware = HardwareInfo()
+    print("max active clusters of 2/4/8 CTAs:",
+          [hardware.get_max_active_clusters(size) for size in (2, 4, 8)])
     compiled: dict[str, object] = {}
 
     def kernel(cfg):

@@ -166,10 +166,11 @@ SPLIT_K_TILES = {
 
 @functools.lru_cache(maxsize=None)
 def split_k_kernel(tile, split_k, store, a_major, b_major, bias_dtype=None,
-                   max_active_clusters=None):
+                   max_active_clusters=None, cluster=(1, 1)):
     from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm
 
-    cfg = dict(SPLIT_K_TILES[tile], split_k=split_k, store=store)
+    cfg = dict(SPLIT_K_TILES[tile], split_k=split_k, store=store, cluster_m=cluster[0],
+               cluster_n=cluster[1])
     if max_active_clusters:
         cfg["max_active_clusters"] = max_active_clusters
     return compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias_dtype)
@@ -190,7 +191,7 @@ def kernel_operand(rows, cols, l, major, dtype=torch.bfloat16, fill="randn"):
 
 
 def run_split_k(m, n, k, l, split_k, a_major="k", b_major="k", bias=None, alpha=1.0,
-                beta=0.0, max_active_clusters=None):
+                beta=0.0, max_active_clusters=None, cluster=(1, 1)):
     """Run one split-K kernel into a NaN-poisoned C; check it against float64, and that
     nothing outside C's view was written."""
     store = "direct" if n % 128 else "tma"  # N = 200: the direct store, partial N tile
@@ -205,13 +206,14 @@ def run_split_k(m, n, k, l, split_k, a_major="k", b_major="k", bias=None, alpha=
     elif bias == "full":
         bias_t = torch.randn(l, m, n, device="cuda", dtype=torch.bfloat16).permute(1, 2, 0)
     fn = split_k_kernel(tile, split_k, store, a_major, b_major,
-                        "bf16" if bias else None, max_active_clusters)
+                        "bf16" if bias else None, max_active_clusters, cluster)
     fn(a, b, c, bias_t, alpha, beta)
     torch.cuda.synchronize()
     ref = torch.einsum("mkl,nkl->mnl", a.double(), b.double()) * alpha
     if bias_t is not None:
         ref = ref + beta * bias_t.double()
-    what = f"{m}x{n}x{k} L={l} split_k={split_k} {tile} {store} A{a_major} B{b_major} {bias}"
+    what = (f"{m}x{n}x{k} L={l} split_k={split_k} cluster={cluster} {tile} {store} "
+            f"A{a_major} B{b_major} {bias}")
     assert relative_error(c, ref) < TOLERANCE, what
     assert torch.isnan(c_store[:, :, n:]).all(), f"wrote past N: {what}"
 
@@ -251,6 +253,27 @@ def test_split_k_persistent_loop_reuses_the_reduction_buffer(split_k):
     run_split_k(256, 4096, 4096, 2, split_k, "k", "k", max_active_clusters=3)
     run_split_k(64, 200, 14336, 3, split_k, "m", "n", bias="row", beta=1.0,
                 max_active_clusters=3)
+
+
+@pytest.mark.parametrize("cluster", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("split_k", [2, 4])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (100, 200, 14336), (256, 4096, 14336),
+                                   (128, 4096, 8), (200, 264, 1000)])
+def test_split_k_with_multicast_clusters_matches_float64(m, n, k, split_k, cluster):
+    """Split-K clusters that also multicast A (along N) or B (along M): M/N/K tails,
+    a single M or N tile (the partner CTA's tile is empty), both transposes."""
+    a_major = "m" if m % 8 == 0 and k == 14336 else "k"
+    run_split_k(m, n, k, 1, split_k, a_major, "n" if k == 4096 else "k", cluster=cluster)
+
+
+@pytest.mark.parametrize("cluster", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_k_with_multicast_clusters_bias_batch_and_persistent_walk(split_k, cluster):
+    run_split_k(100, 4096, 4096, 1, split_k, "k", "n", bias="row", alpha=0.5, beta=2.0,
+                cluster=cluster)
+    run_split_k(256, 4096, 4096, 2, split_k, "k", "k", bias="full", beta=-1.0,
+                max_active_clusters=3, cluster=cluster)
+    run_split_k(64, 200, 14336, 3, split_k, "m", "n", max_active_clusters=2, cluster=cluster)
 
 
 def test_split_k_choice_through_the_template():

@@ -80,10 +80,12 @@ Design
   ``N * sizeof(C) % 16 == 0`` (declared in the compiled signature, so other
   N are rejected at call time) and ``store="direct"`` serves any N.
 * Split-K (``split_k`` > 1, for small M whose output tiles cannot fill the
-  SMs): a cluster of ``split_k`` CTAs (``cluster_m == cluster_n == 1``) owns
-  one output tile at a time; CTA rank r runs the mainloop over its own
-  contiguous, balanced range of K tiles (empty when K has fewer tiles than
-  ``split_k``: its partial sum is then zero).  No workspace, no atomics: each
+  SMs): each of a cluster's ``cluster_m x cluster_n`` output tiles is owned
+  by ``split_k`` CTAs of the cluster (``cluster_m * cluster_n * split_k`` <=
+  8 CTAs; x = m + cluster_m * r, y = n); the CTA of split rank r runs the
+  mainloop over its own contiguous, balanced range of K tiles (empty when K
+  has fewer tiles than ``split_k``: its partial sum is then zero), with TMA
+  multicast among the CTAs of the same rank, as without split-K.  No workspace, no atomics: each
   CTA has a dedicated fp32 reduction buffer in smem (one accumulator tile;
   the ring cannot serve, the producer already prefetches the next tile
   into it).  Reduce-scatter: every CTA writes its fragment into its own
@@ -97,8 +99,7 @@ Design
   ``epilogue_op`` and the store for its own units only, so the hook sees
   each full sum exactly once, and the reduction's DSMEM reads and the
   epilogue are spread over the cluster.  The persistent walk and the
-  cluster's tile sequence are those of the unsplit kernel with clusters of
-  ``split_k`` CTAs.
+  cluster's tile sequence are those of the unsplit kernel.
 
 Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
 ---------------------------------------------------------------------
@@ -162,6 +163,7 @@ SM90_SMEM_CAPACITY = 227 * 1024
 # Reserved for mbarriers + alignment padding of the smem carve-out.
 _SMEM_RESERVED = 1024 + 256
 _THREADS_PER_WG = 128
+_MAX_CLUSTER_CTAS = 8  # the portable cluster size
 # Accumulator values per thread in one epilogue unit (a TMA-store sub-tile of
 # ``epi_tile`` or a direct-store chunk): the fragment's values [16u, 16u + 16).
 _EPI_UNIT = 16
@@ -244,8 +246,8 @@ class Sm90Gemm:
         accumulating a contiguous range of K tiles; their fp32 partial sums
         are reduced through distributed shared memory, each CTA summing
         and storing its share of the tile's epilogue sub-tiles.  One of
-        ``SPLIT_K_CHOICES``; > 1 needs ``cluster_m == cluster_n == 1`` and a
-        ``tile_m * tile_n * 4``-byte smem reduction buffer (fewer stages).
+        ``SPLIT_K_CHOICES``; > 1 needs ``cluster_m * cluster_n * split_k <= 8``
+        and a ``tile_m * tile_n * 4``-byte smem reduction buffer (fewer stages).
     :param store: epilogue store path.  "tma" (default, fast): smem + TMA
         store; needs ``N * sizeof(C)`` to be a multiple of 16 bytes, because
         the TMA store clips the N tail only to 16-byte granularity (it would
@@ -295,7 +297,8 @@ class Sm90Gemm:
         self.split_k = int(split_k)
         self.acc_dtype = cutlass.Float32
         if max_active_clusters is None:
-            max_active_clusters = (_split_k_clusters(int(num_sms), self.split_k)
+            max_active_clusters = (_split_k_clusters(int(num_sms),
+                                                     self.cluster_size * self.split_k)
                                    if self.split_k > 1
                                    else max(1, int(num_sms) // self.cluster_size))
         if int(max_active_clusters) < 1:
@@ -330,9 +333,10 @@ class Sm90Gemm:
             return f"store={store!r} must be 'tma' or 'direct'"
         if split_k not in SPLIT_K_CHOICES:
             return f"split_k={split_k} not in {SPLIT_K_CHOICES}"
-        if split_k > 1 and (cluster_m, cluster_n) != (1, 1):
-            return (f"split_k={split_k} needs cluster_m == cluster_n == 1 (the cluster "
-                    f"holds the K split), got ({cluster_m},{cluster_n})")
+        if cluster_m * cluster_n * split_k > _MAX_CLUSTER_CTAS:
+            return (f"cluster_m * cluster_n * split_k = {cluster_m * cluster_n * split_k} "
+                    f"CTAs per cluster (the cluster holds the K split), more than "
+                    f"{_MAX_CLUSTER_CTAS}")
         if _dtype_key(acc_dtype) != "fp32":
             return f"acc_dtype must be Float32, got {acc_dtype}"
         if pingpong and cooperative:
@@ -562,17 +566,23 @@ class Sm90Gemm:
         self.kernel(
             tma_a, tA, tma_b, tB, tma_c, tC, mBias, alpha, beta, epi_args,
             self.tiled_mma,
-            cute.make_layout((self.cluster_m, self.cluster_n, 1)),
+            self.cluster_layout(),
             self.sA_layout, self.sB_layout, self.sC_layout,
             prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
         ).launch(
-            # With split-K the cluster's x extent holds the K split (cluster_m == 1).
+            # With split-K the cluster's x extent also holds the K split.
             grid=(self.cluster_m * self.split_k, self.cluster_n, num_persistent),
             block=[self.num_threads, 1, 1],
             cluster=(self.cluster_m * self.split_k, self.cluster_n, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    def cluster_layout(self) -> cute.Layout:
+        """CTA (m, n, split rank) -> its rank in the cluster: x = m + cluster_m * k
+        (the launch's cluster x extent is ``cluster_m * split_k``), y = n."""
+        return cute.make_layout((self.cluster_m, self.cluster_n, self.split_k),
+                                stride=(1, self.cluster_m * self.split_k, self.cluster_m))
 
     # -------------------------------------------------------------- scheduler
     @cute.jit
@@ -702,10 +712,13 @@ class Sm90Gemm:
                 cpasync.prefetch_descriptor(tma_c)
 
         split = self.split_k
+        # (m, n, k) of this CTA in the cluster: its multicast coordinates and split rank.
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_crd = cluster_layout.get_flat_coord(cta_rank)
         if cutlass.const_expr(split > 1):
-            # The cluster is the K split of one output tile (cluster_m == cluster_n == 1).
-            split_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            cta_crd = (0, 0, 0)
+            split_rank = cta_crd[2]
+            # The CTAs of this output tile: rank split_base + cluster_m * r for split rank r.
+            split_base = cta_rank - self.cluster_m * split_rank
             # This CTA's contiguous range of K tiles: balanced, empty if k_tiles < split.
             k_base = k_tiles // split
             k_extra = k_tiles - k_base * split
@@ -713,8 +726,6 @@ class Sm90Gemm:
             my_k_tiles = (split_rank + 1) * k_base + min(split_rank + 1, k_extra) - k_begin
         else:
             split_rank = cutlass.Int32(0)
-            cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            cta_crd = cluster_layout.get_flat_coord(cta_rank)
             k_begin = cutlass.Int32(0)
             my_k_tiles = k_tiles
         mask_a = 0
@@ -741,8 +752,8 @@ class Sm90Gemm:
         ) + cute.size_in_bytes(self.b_dtype, cute.slice_(sB_layout, (None, None, 0)))
         # Creating the pipeline also initialises its mbarriers and syncs the
         # whole cluster, so every CTA sees initialised barriers before any
-        # multicast or remote arrive.  The cluster's K mode (split-K) has no
-        # multicast: each CTA's consumers release only their own ring.
+        # multicast or remote arrive.  Multicast stays within one split rank
+        # (the K mode): consumers release the rings of their M/N partners.
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=smem.ring_bars.data_ptr(),
             num_stages=self.stages,
@@ -750,7 +761,9 @@ class Sm90Gemm:
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.tile_threads),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, split)),
+            cta_layout_vmnk=cute.make_layout(
+                (1, self.cluster_m, self.cluster_n, split),
+                stride=(1, 1, self.cluster_m * split, self.cluster_m)),
             enable_multicast_signaling=True,
         )
 
@@ -930,8 +943,9 @@ class Sm90Gemm:
                         cute.arch.fence_acq_rel_cluster()
                         for peer in cutlass.range_constexpr(split):
                             if peer != split_rank:
-                                cute.arch.mbarrier_arrive(reduce_ready, peer,
-                                                          scope=nvvm.MemScopeKind.CLUSTER)
+                                cute.arch.mbarrier_arrive(
+                                    reduce_ready, split_base + self.cluster_m * peer,
+                                    scope=nvvm.MemScopeKind.CLUSTER)
                     # Add the peers' partials of the epilogue units this CTA owns.
                     cute.arch.mbarrier_wait(reduce_ready, tiles_done % 2)
                     cute.arch.fence_acq_rel_cluster()
@@ -940,7 +954,8 @@ class Sm90Gemm:
                             for peer in cutlass.range_constexpr(split):
                                 if peer != split_rank:
                                     peer_slot = cute.make_tensor(
-                                        cute.arch.map_dsmem_ptr(reduce_ptr, peer),
+                                        cute.arch.map_dsmem_ptr(
+                                            reduce_ptr, split_base + self.cluster_m * peer),
                                         reduce_layout)[(None, ctid)]
                                     cute.autovec_copy(
                                         self._epi_slice(peer_slot, u, (_EPI_UNIT,)), partial)
@@ -951,8 +966,9 @@ class Sm90Gemm:
                     if lane == 0:
                         for peer in cutlass.range_constexpr(split):
                             if peer != split_rank:
-                                cute.arch.mbarrier_arrive(reduce_free, peer,
-                                                          scope=nvvm.MemScopeKind.CLUSTER)
+                                cute.arch.mbarrier_arrive(
+                                    reduce_free, split_base + self.cluster_m * peer,
+                                    scope=nvvm.MemScopeKind.CLUSTER)
 
                 # Epilogue unit u (16 values per thread: a TMA-store sub-tile or a
                 # direct-store chunk, both the fragment's values [16u, 16u + 16))
@@ -1055,6 +1071,9 @@ _SPLIT_K_BASE_CONFIGS = [
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+    # Pairs of M tiles that multicast B (the large operand at small M) to each other.
+    dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False, raster="n"),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
 ]
 _SPLIT_K_FACTORS = (2, 4, 8)
 # Split-K is considered while the output tiles fill less than this fraction of the SMs.
@@ -1119,7 +1138,8 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         tiles = _ceil_div(m, cfg["tile_m"]) * _ceil_div(n, cfg["tile_n"]) * l
         k_tiles = _ceil_div(k, cfg["tile_k"])
         if tiles < _SPLIT_K_MAX_FILL * num_sms:
-            candidates += [dict(cfg, split_k=s) for s in _SPLIT_K_FACTORS if k_tiles >= 2 * s]
+            candidates += [dict(cfg, split_k=s) for s in _SPLIT_K_FACTORS if k_tiles >= 2 * s
+                           and not Sm90Gemm.config_error(**cfg, split_k=s)]
     scored = []
     for cfg in candidates:
         tm, tn = cfg["tile_m"], cfg["tile_n"]
@@ -1127,7 +1147,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         split_k = cfg.get("split_k", 1)
         tiles_m, tiles_n = _ceil_div(m, tm), _ceil_div(n, tn)
         clusters = _ceil_div(tiles_m, cm) * _ceil_div(tiles_n, cn) * l
-        slots = (_split_k_clusters(num_sms, split_k) if split_k > 1
+        slots = (_split_k_clusters(num_sms, cm * cn * split_k) if split_k > 1
                  else max(1, num_sms // (cm * cn)))
         waves = _ceil_div(clusters, slots)
         k_work = max(_ceil_div(k, split_k), 64) + _SPLIT_K_REDUCE_K * (split_k - 1) / split_k

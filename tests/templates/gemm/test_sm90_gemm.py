@@ -212,6 +212,10 @@ SPLIT_K_CASES = [  # (config, A major, B major, bias dtype)
           store="direct"), "k", "n", None),
     (dict(tile_m=64, tile_n=256, tile_k=64, cooperative=False, raster="n", split_k=8),
      "k", "n", None),
+    (dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cooperative=True, raster="m",
+          split_k=4), "k", "n", "bf16"),
+    (dict(tile_m=64, tile_n=128, tile_k=64, cluster_n=2, cooperative=False, raster="n",
+          split_k=2, store="direct"), "m", "k", None),
 ]
 
 
@@ -229,16 +233,46 @@ def test_split_k_fp32_output_compiles():
 def test_split_k_config_errors():
     assert Sm90Gemm.config_error(split_k=3) is not None
     assert Sm90Gemm.config_error(split_k=16) is not None
-    assert "cluster_m == cluster_n == 1" in Sm90Gemm.config_error(split_k=2, cluster_m=2)
-    assert "cluster_m == cluster_n == 1" in Sm90Gemm.config_error(split_k=4, cluster_n=2)
+    assert "more than 8" in Sm90Gemm.config_error(split_k=8, cluster_m=2)
+    assert "more than 8" in Sm90Gemm.config_error(split_k=4, cluster_m=2, cluster_n=2)
+    assert Sm90Gemm.config_error(split_k=4, cluster_m=2) is None
     # The fp32 reduction buffer of a 128x256 tile leaves no room for two stages.
     assert "reduction buffer" in Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2)
     assert Sm90Gemm.config_error(tile_m=128, tile_n=128, split_k=4) is None
     with pytest.raises(ValueError):
-        Sm90Gemm(split_k=2, cluster_m=2)
-    # The persistent grid counts whole clusters: split_k CTAs each.
+        Sm90Gemm(split_k=8, cluster_n=2)
+    # The persistent grid counts whole clusters: cluster_m * cluster_n * split_k CTAs each.
     assert Sm90Gemm(tile_m=128, tile_n=128, split_k=2).max_active_clusters == 132 // 2
     assert Sm90Gemm(tile_m=128, tile_n=128, split_k=4).max_active_clusters < 132 // 4
+    assert Sm90Gemm(tile_m=128, tile_n=128, split_k=2, cluster_m=2).max_active_clusters < 132 // 4
+
+
+@pytest.mark.parametrize("cluster_m,cluster_n,split_k", [(2, 1, 4), (1, 2, 2), (2, 2, 2), (1, 1, 8)])
+def test_split_k_cluster_layout(cluster_m, cluster_n, split_k):
+    """Every CTA of a split-K cluster gets the (m, n, split rank) of its hardware rank
+    (x = m + cluster_m * k, y = n), and its multicast groups (B along M, A along N) hold
+    exactly the CTAs of its own split rank."""
+    gemm = Sm90Gemm(tile_m=128, tile_n=128, cluster_m=cluster_m, cluster_n=cluster_n,
+                    split_k=split_k)
+    size = cluster_m * cluster_n * split_k
+    result = {}
+
+    @cute.jit
+    def trace():
+        layout = gemm.cluster_layout()
+        crds = [layout.get_flat_coord(r) for r in range(size)]
+        result["crd"] = [tuple(int(x) for x in c) for c in crds]
+        result["mask_m"] = [int(cute.make_layout_image_mask(layout, c, mode=0)) for c in crds]
+        result["mask_n"] = [int(cute.make_layout_image_mask(layout, c, mode=1)) for c in crds]
+
+    trace()
+    crd = result["crd"]
+    for rank, (m, n, k) in enumerate(crd):
+        assert rank == (m + cluster_m * k) + cluster_m * split_k * n
+        same_k_and_n = {r for r, c in enumerate(crd) if (c[1], c[2]) == (n, k)}
+        same_k_and_m = {r for r, c in enumerate(crd) if (c[0], c[2]) == (m, k)}
+        assert {r for r in range(size) if result["mask_m"][rank] >> r & 1} == same_k_and_n
+        assert {r for r in range(size) if result["mask_n"][rank] >> r & 1} == same_k_and_m
 
 
 def test_split_k_config_name():
