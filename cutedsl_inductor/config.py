@@ -4,15 +4,16 @@ A knob is read from its env var once, at import, and may be changed afterwards b
 assignment (``cutedsl_inductor.config.arch = "sm_90a"``) or temporarily with
 ``config.patch(name=value)``. Nothing else in the package reads the environment.
 
-Knob                 env var                                  default
-cache_dir            CUTEDSL_INDUCTOR_CACHE_DIR               <inductor cache dir>/cutedsl
-disk_cache           CUTEDSL_INDUCTOR_DISK_CACHE              True
-arch                 CUTEDSL_INDUCTOR_ARCH (else CUTE_DSL_ARCH) detected GPU, else "sm_90a"
-entry_suffix         CUTEDSL_INDUCTOR_ENTRY_SUFFIX            "main"
-compile_options      CUTEDSL_INDUCTOR_COMPILE_OPTIONS         ""
-gemm_max_configs     CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS        8
-gemm_exhaustive      CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE         False
-epilogue_fusion      CUTEDSL_INDUCTOR_EPILOGUE_FUSION         False (correct on H200, not yet faster)
+Knob                     env var                                     default
+cache_dir                CUTEDSL_INDUCTOR_CACHE_DIR                  <inductor cache dir>/cutedsl
+disk_cache               CUTEDSL_INDUCTOR_DISK_CACHE                 True
+arch                     CUTEDSL_INDUCTOR_ARCH (else CUTE_DSL_ARCH)  detected GPU, else "sm_90a"
+entry_suffix             CUTEDSL_INDUCTOR_ENTRY_SUFFIX               "main"
+compile_options          CUTEDSL_INDUCTOR_COMPILE_OPTIONS            ""
+gemm_max_configs         CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS           8
+gemm_exhaustive          CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE            False
+epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (correct, not yet faster)
+fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ gemm_max_configs: int = _env_int("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8)
 gemm_exhaustive: bool = _env_bool("CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False)
 # Fuse pointwise consumers into templates that define an epilogue (``def_epilogue``).
 epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
+# Under max-autotune, how many of our fastest choices for a GEMM with a pointwise consumer
+# are timed again with that epilogue fused, the fastest fused one taken (< 2: no retiming).
+fused_choice_candidates: int = _env_int("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3)
 
 
 @contextlib.contextmanager
@@ -78,10 +82,12 @@ _KNOBS = (
     "gemm_max_configs",
     "gemm_exhaustive",
     "epilogue_fusion",
+    "fused_choice_candidates",
 )
 
 
 def snapshot() -> dict[str, Any]:
     """The knobs that change generated code or binaries (goes into cache keys)."""
     return {"entry_suffix": entry_suffix, "compile_options": compile_options,
-            "epilogue_fusion": epilogue_fusion}
+            "epilogue_fusion": epilogue_fusion,
+            "fused_choice_candidates": fused_choice_candidates}

@@ -86,3 +86,16 @@ def test_each_translated_op_matches_eager(op):
     assert "_epilogue(" in "\n".join(codes)
     # float64 reference: eager's bf16 rounding of x @ w.t() would dominate the error
     assert relative_error(result, UNARY[op](x.double() @ w.double().t())) < 1e-2
+
+
+def test_the_fused_kernels_of_our_fastest_choices_are_timed(caplog):
+    """With a pointwise consumer our fastest choices (here both offered) are timed again
+    with the epilogue fused, and the fastest fused kernel is the one kept."""
+    fn, make_args = BLOCKS["gelu_bias"]
+    args = make_args()
+    with caplog.at_level("DEBUG", logger="cutedsl_inductor.inductor.multi_template"):
+        result, code = compiled_with_fusion(fn, *args)
+    assert relative_error(result, fn(*args)) < 1e-2
+    (record,) = [r for r in caplog.records if "with its epilogue" in r.getMessage()]
+    _, timed, kept = record.args
+    assert len(timed) == 2 and kept == min(timed, key=timed.get)

@@ -101,6 +101,30 @@ def test_deferred_choice_fuses_when_ours_wins(ours_ms, aten_ms, takes_ours, max_
         assert not any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
 
 
+def test_the_fused_kernel_follows_the_choice_put_on_the_buffer(max_autotune):
+    """Retiming with the epilogue swaps our choices on the finalized buffer: the fused
+    kernel it renders (and compiles, GPU-less) is the chosen config's."""
+    from cutedsl_inductor.inductor.multi_template import use_choice
+    from cutedsl_inductor.inductor.scheduling import CuteDSLScheduling, render_kernel
+
+    fn, shapes = BLOCKS["gelu_bias"]
+    with torch._inductor.config.patch(max_autotune_gemm_backends="CUTEDSL"), \
+            config.patch(gemm_max_configs=2), lowered(fn, *shapes) as graph:
+        multi = deferred_choice(graph)
+        first, second = multi.choices
+        multi._choice_timings[None] = {first: 1.0, second: 1.1}
+        scheduler = Scheduler(graph.operations)
+        (node,) = scheduler.nodes
+        template, consumer = node.get_nodes()
+        assert template.node.params == first.params
+        use_choice(template.node, second)
+        plan = CuteDSLScheduling(scheduler).epilogue_plan([template, consumer])
+        source = render_kernel(template.node, plan)[2]
+    assert plan is not None and "_epilogue(" in source
+    for name, value in second.params.items():
+        assert f"{name}: cutlass.Constexpr = {value!r}" in source
+
+
 def test_a_fused_kernel_that_does_not_compile_stays_unfused(graph, monkeypatch, caplog):
     """The autotuner compiled the template alone; the fusion compiles the fused kernel
     first, and a template bug there leaves the consumer as a kernel of its own."""

@@ -620,7 +620,9 @@ class Sm90Gemm:
         same-shaped tensor of global coordinates.  Every in-bounds ``(m, n)``
         of the tile is seen exactly once.  Coordinates may lie outside
         ``(prob_m, prob_n)`` in tail tiles; those values are discarded by the
-        store but must not fault, so predicate any gmem access.  Default:
+        store but must not fault: clamp the coordinates of any gmem access into
+        the problem (branch-free, and equal loads can be shared) or predicate
+        it.  Default:
         ``alpha * acc + beta * bias``.  Override in a subclass (decorated with
         ``@cute.jit``) to fuse more pointwise work; ``epi_args`` is passed
         through from ``__call__``.
@@ -630,11 +632,8 @@ class Sm90Gemm:
         else:
             for i in cutlass.range(cute.size(acc), unroll_full=True):
                 mn = coords[i]
-                val = acc[i] * alpha
-                if cute.elem_less(mn, (prob_m, prob_n)):
-                    bias = mBias[mn[0], mn[1], l_idx].to(cutlass.Float32)
-                    val = val + beta * bias
-                acc[i] = val
+                bias = mBias[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
+                acc[i] = acc[i] * alpha + beta * bias.to(cutlass.Float32)
 
     @staticmethod
     def _epi_slice(t, s, shape):

@@ -45,11 +45,13 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
         Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
                              epi_args)
+        # Tail-tile values are computed at the nearest valid coordinate (their loads stay
+        # in bounds) and then dropped by the store: no branches, loads the compiler can share.
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             mn = coords[i]
-            if cute.elem_less(mn, (prob_m, prob_n)):
-                acc[i] = {{kernel_name}}_epilogue(
-                    acc[i], {% if output_rank == 3 %}l_idx, {% endif %}mn[0], mn[1], epi_args)
+            acc[i] = {{kernel_name}}_epilogue(
+                acc[i], {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
+                min(mn[1], prob_n - 1), epi_args)
 {%- endif %}
 
 @cute.jit
