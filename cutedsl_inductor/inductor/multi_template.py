@@ -86,7 +86,12 @@ def finalize_cutedsl_winners(nodes: list[Any]) -> None:
         log.debug("%s: CuteDSL choice %s finalized before fusion", multi.get_name(),
                   winner.description)
         if saving_ms > 0:
-            retime_with_epilogue(nodes[index], timings)
+            try:
+                retime_with_epilogue(nodes[index], timings)
+            except Exception as err:  # keep the plain-time winner, never a crash
+                use_choice(nodes[index].node, winner)
+                log.warning("%s: kept %s, not retimed with its epilogue: %s",
+                            multi.get_name(), winner.description, err)
 
 
 def chosen_cutedsl_choice(timings: dict[Any, float], saving_ms: float) -> Any:
