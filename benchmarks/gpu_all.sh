@@ -2,9 +2,11 @@
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
 #                                             bench_epilogue splitk pingpong bench_gemm_shards
+#                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
+#                                             (default: the first eight)
 # bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
 # in parallel, into $OUT/gemm_shard_K; merge them with `bench gemm --merge DIR ...`.
-# (default: all). Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
+# Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -34,6 +36,8 @@ for s in $steps; do
     bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue ${EPILOGUE_ARGS:---quick} ;;
     splitk) step splitk python3 benchmarks/gemm_splitk_check.py ;;
     pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
+    sweep) step sweep python3 benchmarks/gemm_sweep.py \
+        ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
     bench_gemm_shards)
       gpus=$(nvidia-smi -L | wc -l)
       for g in $(seq 0 $((gpus - 1))); do

@@ -9,13 +9,16 @@ silu(x @ w1.T) * (x @ w3.T). Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 
 checked against eager (relative error < 1e-2) and our output code against fusion (the
 "fused" column: every consumer ran inside a GEMM). Times are GPU times of the compiled
 function replayed in a CUDA graph (at M = 128 a call costs more on the host than on the
-GPU, for every variant). Prints TFLOP/s (GEMM FLOPs over time) and the ratios.
+GPU, for every variant). Prints TFLOP/s (GEMM FLOPs over time), the ratios and the
+configs of our GEMM kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import math
+import re
 from typing import Any
 
 import torch
@@ -45,8 +48,9 @@ def blocks(m: int, n: int, k: int) -> dict[str, tuple[Any, tuple[torch.Tensor, .
     }
 
 
-def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any, bool]:
-    """The compiled function and whether every consumer ran inside a GEMM kernel."""
+def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any, bool, str]:
+    """The compiled function, whether every consumer ran inside a GEMM kernel, and the
+    configs of our GEMM kernels in its output code."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -62,7 +66,19 @@ def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any
     if not error < 1e-2:
         raise AssertionError(f"{variant}: relative error {error}")
     code = "\n".join(codes)
-    return out, "_epilogue(" in code and "triton_poi" not in code
+    return out, "_epilogue(" in code and "triton_poi" not in code, gemm_configs(code)
+
+
+def gemm_configs(code: str) -> str:
+    """``"128x256x64 c2x1 coop, ..."``: the configs of the GEMM kernels in output code."""
+    names = []
+    for match in re.finditer(r"template='sm90_gemm',\s*params=(\{[^}]*\})", code):
+        p = ast.literal_eval(match.group(1))
+        kind = "pp" if p["PINGPONG"] else "coop" if p["COOPERATIVE"] else "1wg"
+        split = f" k{p['SPLIT_K']}" if "SPLIT_K" in p else ""
+        names.append(f"{p['TILE_M']}x{p['TILE_N']}x{p['TILE_K']} "
+                     f"c{p['CLUSTER_M']}x{p['CLUSTER_N']} {kind}{split}")
+    return ", ".join(names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,22 +89,23 @@ def main(argv: list[str] | None = None) -> int:
         print("bench epilogue needs an sm_90 GPU")
         return 2
     print(f"{'block':24s} {'M':>5} {'N':>6} {'K':>5} {'ours':>7} {'default':>8} "
-          f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'fused':>6}   (TFLOP/s)", flush=True)
+          f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'fused':>6}   our configs (TFLOP/s)",
+          flush=True)
     ratios = []
     for m, n, k in QUICK if args.quick else SHAPES:
         for name, (fn, fn_args, flops) in blocks(m, n, k).items():
-            tflops, fused = {}, False
+            tflops, fused, configs = {}, False, ""
             for variant in ("ours", "default", "max-autotune"):
-                out, all_fused = compiled(fn, fn_args, variant)  # timed before the next reset
+                out, all_fused, used = compiled(fn, fn_args, variant)  # timed before the next reset
                 tflops[variant] = flops / median_ms(lambda: out(*fn_args), cuda_graph=True) / 1e9
                 if variant == "ours":
-                    fused = all_fused
+                    fused, configs = all_fused, used
             vs_max = tflops["ours"] / tflops["max-autotune"]
             ratios.append(vs_max)
             print(f"{name:24s} {m:>5} {n:>6} {k:>5} {tflops['ours']:7.0f} "
                   f"{tflops['default']:8.0f} {tflops['max-autotune']:7.0f} "
                   f"{tflops['ours'] / tflops['default']:9.2f} {vs_max:8.2f} "
-                  f"{'yes' if fused else 'NO':>6}", flush=True)
+                  f"{'yes' if fused else 'NO':>6}   {configs}", flush=True)
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     print(f"ours / Inductor max-autotune: geomean {geomean:.3f}, worst {min(ratios):.2f}")
     return 0

@@ -134,15 +134,19 @@ def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, 
 
 
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
-                 alpha: float = 1.0, beta: float = 0.0) -> None:
-    """Append the Hopper GEMM's choices for ``op`` (see the module docstring)."""
+                 alpha: float = 1.0, beta: float = 0.0,
+                 configs: list[dict[str, Any]] | None = None) -> None:
+    """Append the Hopper GEMM's choices for ``op`` (see the module docstring); those of
+    ``configs`` instead of the heuristic's, where given (config sweeps)."""
     problem, reason = gemm_problem(nodes, layout)
     if reason is not None:
         log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
         return
-    max_configs = len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive else config.gemm_max_configs
-    configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                           max_configs=max_configs, l=problem["l"], out_dtype=layout.dtype)
+    if configs is None:
+        max_configs = (len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive
+                       else config.gemm_max_configs)
+        configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
+                               max_configs=max_configs, l=problem["l"], out_dtype=layout.dtype)
     for cfg in configs:
         if Sm90Gemm.why_not(**problem, config=cfg):
             continue

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Sweep GEMM configs per shape: every candidate the heuristic ranks (not only the
+``config.gemm_max_configs`` it offers) plus variants of each, through the template path
+(as Inductor runs them), timed against cuBLAS in one run (bf16).
+
+    python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
+        [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--top 12]
+
+``--variant key=value`` (repeatable) adds, for every candidate, a copy with that field
+replaced, where the result is a valid config.  ``--precompile`` needs no GPU: it only
+compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so that
+a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
+``--top`` fastest configs with TFLOP/s, the ratio to cuBLAS and the heuristic's rank
+of the config ("-": not offered by default), after checking every result against
+float64 (relative error < 2e-2; a failure is reported and counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from cutedsl_inductor import config  # noqa: E402
+from cutedsl_inductor.bench.gemm import parse_shapes  # noqa: E402
+from cutedsl_inductor.bench.timing import median_ms  # noqa: E402
+from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
+    Sm90Gemm, config_name, pick_configs)
+
+TOLERANCE = 2e-2
+
+
+def parse_variant(text: str) -> tuple[str, Any]:
+    """``"tile_k=128"`` -> ``("tile_k", 128)`` (values as Python literals, else strings)."""
+    key, _, value = text.partition("=")
+    if not key or not value:
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]]
+                  ) -> list[tuple[dict[str, Any], int | None]]:
+    """(config, heuristic rank or None) for every ranked candidate and valid variant."""
+    ranked = pick_configs(m, n, k, max_configs=10_000)
+    configs, seen = [], set()
+    for rank, cfg in enumerate(ranked):
+        for candidate in [cfg] + [dict(cfg, **{key: value}) for key, value in variants]:
+            name = config_name(candidate)
+            if name in seen or Sm90Gemm.config_error(**candidate) is not None:
+                continue
+            seen.add(name)
+            offered = rank < config.gemm_max_configs and candidate is cfg
+            configs.append((candidate, rank if offered else None))
+    return configs
+
+
+def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str, Any]]
+                  ) -> list[tuple[dict[str, Any], int | None, Any]]:
+    """(config, rank, template choice) for the configs the kernel can run here."""
+    from torch._inductor import ir
+
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.templates.gemm.template import gemm_choices
+
+    b_stride = (1, k) if layout == "nt" else (n, 1)
+    out = []
+    with scratch_graph() as scratch:
+        nodes = [scratch.input((m, k), torch.bfloat16), scratch.input((k, n), torch.bfloat16,
+                                                                      b_stride)]
+        out_layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [m, n])
+        for cfg, rank in sweep_configs(m, n, k, variants):
+            choices: list[Any] = []
+            gemm_choices(choices, "mm", nodes, out_layout, configs=[cfg])
+            out += [(cfg, rank, choice) for choice in choices]
+    return out
+
+
+def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int) -> int:
+    """Print the ``top`` fastest configs of one shape; return how many were wrong."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if layout == "nt"
+         else torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+    reference = a.double() @ b.double()
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * m * n * k
+    cublas = flops / median_ms(lambda: torch.mm(a, b)) / 1e9
+    rows, failures = [], 0
+    for cfg, rank, choice in entries:
+        try:
+            run = choice.load().run
+            out.fill_(math.nan)
+            run(a, b, out)
+            error = ((out.double() - reference).norm() / reference.norm()).item()
+            if not error < TOLERANCE:
+                raise AssertionError(f"relative error {error:.2e}")
+            rows.append((flops / median_ms(lambda: run(a, b, out)) / 1e9, cfg, rank))
+        except Exception as err:  # a failing config is reported, the others go on
+            failures += 1
+            print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
+    rows.sort(key=lambda row: -row[0])
+    print(f"\n{m}x{n}x{k} {layout}: cuBLAS {cublas:.0f} TFLOP/s; {len(rows)} configs")
+    for tflops, cfg, rank in rows[:top]:
+        print(f"  {config_name(cfg):36s} {tflops:6.0f} {tflops / cublas:5.2f}  "
+              f"rank {'-' if rank is None else rank}")
+    offered = [row for row in rows if row[2] is not None]
+    if rows and offered:
+        print(f"  best offered / best swept: {offered[0][0] / rows[0][0]:.2f}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=parse_shapes, required=True, metavar="MxNxK,...")
+    parser.add_argument("--layouts", default="nt")
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                        metavar="KEY=VALUE")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--precompile", action="store_true",
+                        help="compile every config into the kernel cache (no GPU needed)")
+    args = parser.parse_args(argv)
+    if not args.precompile and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --precompile)")
+        return 2
+    failures = 0
+    with config.patch(arch="sm_90a", disk_cache=True):
+        for m, n, k in args.shapes:
+            for layout in args.layouts.split(","):
+                entries = sweep_choices(m, n, k, layout, args.variant)
+                if args.precompile:
+                    for cfg, _, choice in entries:
+                        try:
+                            choice.load()
+                        except Exception as err:
+                            failures += 1
+                            print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
+                    print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
+                else:
+                    failures += time_choices(m, n, k, layout, entries, args.top)
+    print(f"\n{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
