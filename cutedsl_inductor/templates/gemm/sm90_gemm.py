@@ -578,11 +578,15 @@ class Sm90Gemm:
             stream=stream,
         )
 
-    def cluster_layout(self) -> cute.Layout:
+    def cluster_layout(self, vmnk: bool = False) -> cute.Layout:
         """CTA (m, n, split rank) -> its rank in the cluster: x = m + cluster_m * k
-        (the launch's cluster x extent is ``cluster_m * split_k``), y = n."""
-        return cute.make_layout((self.cluster_m, self.cluster_n, self.split_k),
-                                stride=(1, self.cluster_m * self.split_k, self.cluster_m))
+        (the launch's cluster x extent is ``cluster_m * split_k``), y = n.  With
+        ``vmnk``: the same with a leading unit mode, the pipeline's (v, m, n, k) view."""
+        shape = (self.cluster_m, self.cluster_n, self.split_k)
+        stride = (1, self.cluster_m * self.split_k, self.cluster_m)
+        if vmnk:
+            return cute.make_layout((1, *shape), stride=(1, *stride))
+        return cute.make_layout(shape, stride=stride)
 
     # -------------------------------------------------------------- scheduler
     @cute.jit
@@ -760,9 +764,7 @@ class Sm90Gemm:
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.tile_threads),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout(
-                (1, self.cluster_m, self.cluster_n, split),
-                stride=(1, 1, self.cluster_m * split, self.cluster_m)),
+            cta_layout_vmnk=self.cluster_layout(vmnk=True),
             enable_multicast_signaling=True,
         )
 

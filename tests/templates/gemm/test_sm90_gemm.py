@@ -250,8 +250,8 @@ def test_split_k_config_errors():
 @pytest.mark.parametrize("cluster_m,cluster_n,split_k", [(2, 1, 4), (1, 2, 2), (2, 2, 2), (1, 1, 8)])
 def test_split_k_cluster_layout(cluster_m, cluster_n, split_k):
     """Every CTA of a split-K cluster gets the (m, n, split rank) of its hardware rank
-    (x = m + cluster_m * k, y = n), and its multicast groups (B along M, A along N) hold
-    exactly the CTAs of its own split rank."""
+    (x = m + cluster_m * k, y = n), in the pipeline's view too, and its multicast groups
+    (B along M, A along N) hold exactly the CTAs of its own split rank."""
     gemm = Sm90Gemm(tile_m=128, tile_n=128, cluster_m=cluster_m, cluster_n=cluster_n,
                     split_k=split_k)
     size = cluster_m * cluster_n * split_k
@@ -264,9 +264,14 @@ def test_split_k_cluster_layout(cluster_m, cluster_n, split_k):
         result["crd"] = [tuple(int(x) for x in c) for c in crds]
         result["mask_m"] = [int(cute.make_layout_image_mask(layout, c, mode=0)) for c in crds]
         result["mask_n"] = [int(cute.make_layout_image_mask(layout, c, mode=1)) for c in crds]
+        ring = gemm.cluster_layout(vmnk=True)
+        result["vmnk"] = [tuple(int(x) for x in cute.flatten(ring.get_hier_coord(r)))
+                          for r in range(size)]
 
     trace()
     crd = result["crd"]
+    # the pipeline's view (which CTAs' rings a consumer releases) agrees
+    assert result["vmnk"] == [(0, *c) for c in crd]
     for rank, (m, n, k) in enumerate(crd):
         assert rank == (m + cluster_m * k) + cluster_m * split_k * n
         same_k_and_n = {r for r, c in enumerate(crd) if (c[1], c[2]) == (n, k)}
