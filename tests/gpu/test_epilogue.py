@@ -99,3 +99,15 @@ def test_the_fused_kernels_of_our_fastest_choices_are_timed(caplog):
     (record,) = [r for r in caplog.records if "with its epilogue" in r.getMessage()]
     _, timed, kept = record.args
     assert len(timed) == 2 and kept == min(timed, key=timed.get)
+
+
+@pytest.mark.parametrize("m,n", [(200, 264), (1, 4104), (130, 392)])
+def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
+    """M and N tails: the epilogue of out-of-problem values reads its inputs at clamped
+    coordinates and is dropped by the store; everything in the problem matches eager."""
+    x, w, b, r = randn(m, 512), randn(n, 512), randn(n), randn(m, n)
+    rows = randn(m, 1)
+    fn = lambda x, w, b, r, rows: torch.relu(x @ w.t() + b) * rows + r  # noqa: E731
+    result, code = compiled_with_fusion(fn, x, w, b, r, rows)
+    assert "_epilogue(" in code
+    assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
