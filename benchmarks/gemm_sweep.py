@@ -31,7 +31,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import parse_shapes  # noqa: E402
+from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
 from cutedsl_inductor.bench.timing import median_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
     Sm90Gemm, config_name, pick_configs)
@@ -89,9 +89,7 @@ def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str,
 
 def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int) -> int:
     """Print the ``top`` fastest configs of one shape; return how many were wrong."""
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if layout == "nt"
-         else torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+    a, b = operands(m, n, k, torch.bfloat16, layout)
     reference = a.double() @ b.double()
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     flops = 2 * m * n * k

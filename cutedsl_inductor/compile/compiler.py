@@ -7,10 +7,11 @@ target arch, the compile options, the versions of nvidia-cutlass-dsl, apache-tvm
 and this package, and a hash of this package's Python sources (generated modules import
 its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there must miss every
 cache even where the version stays the same). ``compile_entry`` compiles a
-``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch stream); the result takes
-torch tensors directly. ``JitOnce`` gives upstream-style modules, whose plain Python
-entry calls a ``@cute.jit`` function itself, the same compile-once behaviour per
-distinct argument signature (CuTe's own ``__cache_key__`` of each argument).
+``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch
+stream); the result takes torch tensors directly. ``JitOnce`` gives upstream-style
+modules, whose plain Python entry calls a ``@cute.jit`` function itself, the same
+compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key__`` of
+each argument).
 
 Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming the
 template, parameters and generated file; nothing is cached for it.

@@ -139,10 +139,9 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         if len(buffers) != len(names):
             raise ValueError(f"{len(buffers)} benchmark tensors for input buffers {names}")
         by_name = dict(zip(names, buffers))
-        return [
-            by_name[v.buffer].as_strided(v.size, v.stride, by_name[v.buffer].storage_offset() + v.offset)
-            for v in self.input_views
-        ]
+        return [by_name[v.buffer].as_strided(v.size, v.stride,
+                                             by_name[v.buffer].storage_offset() + v.offset)
+                for v in self.input_views]
 
     def _drop(self, err: Exception) -> None:
         self.failure = err
