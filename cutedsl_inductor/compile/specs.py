@@ -101,14 +101,18 @@ def _divisibility(value: int) -> int:
     return math.gcd(value, GPU_ALIGN_BYTES) if value else GPU_ALIGN_BYTES
 
 
-def _dim(expr: Any, symbolic: bool, fresh_name: str) -> Dim:
-    """One size or stride: static int, or a Sym named after Inductor's expression."""
+def _dim(expr: Any, symbolic: bool, fresh_name: str, static_values: tuple[int, ...]) -> Dim:
+    """One size or stride: static int, or a Sym named after Inductor's expression.
+    Under ``symbolic``, only ``static_values`` stay static: strides 0 (broadcast) and 1
+    (the unit-stride mode); a size of 1 becomes a runtime value like any other, so that
+    M = 1 runs the binary every M runs (a static extent of 1 compiles a different
+    kernel, and the GEMM's one faulted on the H200)."""
     from torch._inductor.virtualized import V
 
     sizevars = V.graph.sizevars
     if isinstance(expr, int) or getattr(expr, "is_Integer", False):
         value = int(expr)
-        if not symbolic or value in (0, 1):
+        if not symbolic or value in static_values:
             return value
         return Sym(fresh_name, _divisibility(value))
     divisibility = 1
@@ -139,10 +143,11 @@ def tensor_spec(node: Any, *, symbolic: bool, index: int) -> TensorSpec:
     """
     dtype = node.get_dtype()
     shape = tuple(
-        _dim(s, symbolic, f"a{index}_size{d}") for d, s in enumerate(node.get_size())
+        _dim(s, symbolic, f"a{index}_size{d}", (0,)) for d, s in enumerate(node.get_size())
     )
     stride = tuple(
-        _dim(s, symbolic, f"a{index}_stride{d}") for d, s in enumerate(node.get_stride())
+        _dim(s, symbolic, f"a{index}_stride{d}", (0, 1))
+        for d, s in enumerate(node.get_stride())
     )
     align = GPU_ALIGN_BYTES if is_aligned(node) else dtype.itemsize
     return TensorSpec(str(dtype).removeprefix("torch."), shape, stride, align)

@@ -19,6 +19,16 @@ def test_symbolic_spec_keeps_divisibility_and_unit_stride(graph):
     assert spec.stride == (Sym("a3_stride0", 16), 1)
 
 
+def test_symbolic_spec_makes_a_size_of_one_a_runtime_value(graph):
+    """M = 1 must run the binary every M runs: a static extent of 1 compiles another kernel."""
+    node = make_input(graph, "arg0_1", (1, 96), torch.bfloat16)
+    spec = tensor_spec(node, symbolic=True, index=0)
+    assert spec.shape == (Sym("a0_size0", 1), Sym("a0_size1", 16))
+    assert spec.stride == (Sym("a0_stride0", 16), 1)
+    broadcast = make_input(graph, "arg1_1", (8, 96), torch.bfloat16, stride=(0, 1))
+    assert tensor_spec(broadcast, symbolic=True, index=1).stride == (0, 1)
+
+
 def test_offset_view_and_unaligned_inputs_lose_alignment(graph):
     view = make_input(graph, "arg0_1", (8, 8), torch.float32, stride=(8, 1), offset=1)
     assert tensor_spec(view, symbolic=False, index=0).align == 4

@@ -51,6 +51,7 @@ CASES = [  # (M, N, K, dtype, A transposed, B transposed)
     (129, 264, 72, torch.bfloat16, False, True),
     (304, 256, 136, torch.float16, True, False),  # A^T needs M % 8 == 0 (TMA)
     (64, 128, 8, torch.bfloat16, True, True),
+    (1, 4104, 512, torch.bfloat16, False, True),  # decode: M = 1 runs the symbolic-M binary
 ]
 
 
