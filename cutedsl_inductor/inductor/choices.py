@@ -15,6 +15,7 @@ their final form (every input as many dims as the output).
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from typing import Any
@@ -25,6 +26,7 @@ from torch._inductor.virtualized import V
 
 log = logging.getLogger(__name__)
 
+GEMM_OPS = ("mm", "addmm", "bmm")
 # graph -> (op name, input node ids) already offered in it
 _OFFERED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.WeakKeyDictionary()
 
@@ -45,6 +47,11 @@ def _first_offer(op_name: str, nodes: list[Any]) -> bool:
     return True
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
 class CuteDSLChoices(InductorChoices):
     def uuid(self) -> str:
         """Part of the FX graph cache key (torch 2.13 requires it of a choices class)."""
@@ -55,9 +62,13 @@ class CuteDSLChoices(InductorChoices):
     def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
                              *args: Any, **kwargs: Any) -> list[Any]:
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
-        from ..templates.gemm.template import GEMM_OPS, gemm_choices
-
         if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
+            return choices
+        try:
+            from ..templates.gemm.template import gemm_choices
+        except ImportError as err:  # no (usable) nvidia-cutlass-dsl: offer nothing
+            _warn_once(f"CUTEDSL is in max_autotune_gemm_backends but CuTe DSL cannot be "
+                       f"imported ({err}): no CuteDSL GEMM choices are offered")
             return choices
         nodes = kernel_inputs.nodes()
         layout = kernel_inputs.output_layout(flexible=False)

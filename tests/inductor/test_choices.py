@@ -70,3 +70,36 @@ def test_no_choice_when_it_does_not_fit(graph, reason, monkeypatch):
     nodes = [make_input(graph, "a", (512, 256), dtype_a),
              make_input(graph, "b", shape_b, dtype_b, stride=stride_b)]
     assert offered("mm", nodes, **patch) == []
+
+
+WITHOUT_CUTE_DSL = """
+import sys
+sys.modules["cutlass"] = None  # nvidia-cutlass-dsl not installed: importing it fails
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.kernel_inputs import MMKernelInputs
+from torch._inductor.graph import GraphLowering
+from torch._inductor.virtualized import V
+from cutedsl_inductor.inductor.choices import CuteDSLChoices
+from tests.helpers import make_input
+
+with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
+    graph = V.graph
+    nodes = [make_input(graph, "a", (512, 256), torch.bfloat16),
+             make_input(graph, "b", (256, 384), torch.bfloat16)]
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="CUTEDSL"):
+        for _ in range(2):
+            print(len(CuteDSLChoices().get_template_configs(MMKernelInputs(nodes), [], "mm")))
+"""
+
+
+def test_without_cute_dsl_no_choice_is_offered_and_one_warning_says_why():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = subprocess.run([sys.executable, "-c", WITHOUT_CUTE_DSL], capture_output=True,
+                         text=True, cwd=Path(__file__).parents[2], timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0", "0"]
+    assert run.stderr.count("CuTe DSL cannot be imported") == 1, run.stderr

@@ -75,8 +75,6 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 
 gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
 
-GEMM_OPS = ("mm", "addmm", "bmm")
-
 
 def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
     params = {
