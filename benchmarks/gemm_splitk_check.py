@@ -55,7 +55,9 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     from cutlass.utils import HardwareInfo
 
-    # What _split_k_clusters assumes: co-resident clusters of 2, 4 and 8 CTAs.
+    # What _split_k_clusters assumes: co-resident clusters of 2, 4 and 8 CTAs. The driver
+    # queries need torch's CUDA context current on this thread.
+    torch.empty(1, device="cuda")
     hardware = HardwareInfo()
     print("max active clusters of 2/4/8 CTAs:",
           [hardware.get_max_active_clusters(size) for size in (2, 4, 8)])
