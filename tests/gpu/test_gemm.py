@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cutedsl_inductor import config
+from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, config_name
 
 pytestmark = pytest.mark.gpu
 
@@ -20,8 +21,9 @@ def relative_error(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1):
-    """Run the first ``configs`` GEMM choices directly, each into a NaN-poisoned output."""
+def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1, config_list=None):
+    """Run the first ``configs`` GEMM choices (the heuristic's, or of ``config_list``)
+    directly, each into a NaN-poisoned output."""
     from torch._inductor import ir
 
     from cutedsl_inductor.autotune.scratch import scratch_graph
@@ -32,7 +34,7 @@ def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1):
         nodes = [scratch.input(t.shape, t.dtype, t.stride()) for t in inputs]
         layout = ir.FixedLayout(torch.device("cuda", 0), dtype, list(out_shape))
         choices = []
-        gemm_choices(choices, op, nodes, layout, alpha=alpha, beta=beta)
+        gemm_choices(choices, op, nodes, layout, alpha=alpha, beta=beta, configs=config_list)
     assert choices, "no CuteDSL GEMM choice"
     for choice in choices[:configs]:
         out = torch.full(out_shape, float("nan"), device="cuda", dtype=dtype)
@@ -74,6 +76,15 @@ def test_random_shapes_match_float64():
         ref = a.double() @ b.double()
         for description, out in template_outputs("mm", [a, b], (m, n)):
             assert relative_error(out, ref) < TOLERANCE, f"{m}x{n}x{k} {description}"
+
+
+@pytest.mark.parametrize("cfg", _EXTRA_CONFIGS, ids=config_name)
+def test_small_tile_configs_match_float64(cfg):
+    """The small-M candidates outside DEFAULT_CONFIGS, over M, N and K tails."""
+    a = torch.randn(129, 1000, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(1000, 264, torch.bfloat16, True)
+    ((description, out),) = template_outputs("mm", [a, b], (129, 264), config_list=[cfg])
+    assert relative_error(out, a.double() @ b.double()) < TOLERANCE, description
 
 
 def test_bmm_matches_float64():

@@ -21,8 +21,9 @@ from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
 PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
 
 
-@pytest.mark.parametrize("cfg", DEFAULT_CONFIGS, ids=[config_name(c) for c in DEFAULT_CONFIGS])
-def test_default_config_compiles_bf16_symbolic(cfg):
+@pytest.mark.parametrize("cfg", DEFAULT_CONFIGS + _EXTRA_CONFIGS,
+                         ids=[config_name(c) for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS])
+def test_heuristic_config_compiles_bf16_symbolic(cfg):
     fn = compile_sm90_gemm(cfg, "bf16", "bf16", "k", "k")
     assert callable(fn)
 
