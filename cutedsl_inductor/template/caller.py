@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 from torch._inductor import ir
+from torch._inductor.autotune_process import TensorMeta
 
+from ..autotune.benchmark_request import CuteDSLBenchmarkRequest, argument_meta
 from ..compile.specs import ArgSpec, specs_key
 from ..exc import format_params
 from ..inductor.ir import CuteDSLTemplateBuffer
@@ -95,6 +97,14 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.input_views = input_views
         self.mutated_inputs = mutated_inputs
         self.make_kernel_render = KernelRender(template, input_nodes, params)
+        # Inductor's picklable request, for autotuning in a subprocess
+        self.bmreq = CuteDSLBenchmarkRequest(
+            name,
+            [argument_meta(node, view.size, view.stride)
+             for node, view in zip(input_nodes, input_views)],
+            TensorMeta.from_irnodes(layout), extra_args,
+            source=source, specs=specs, template=template.name, params=params,
+        )
         self.failure: Exception | None = None
         self._wrapper: Any = None
 

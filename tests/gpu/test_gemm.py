@@ -161,6 +161,18 @@ def test_compile_addmm_and_bmm_with_cutedsl_only(op):
     assert relative_error(result, ref) < TOLERANCE
 
 
+def test_autotuning_in_a_subprocess_times_our_choices_there():
+    """TORCHINDUCTOR_AUTOTUNE_IN_SUBPROC: our choices are timed in Inductor's tuning
+    process (from their picklable bmreq) and one of them can win."""
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    with torch._inductor.config.patch(autotune_in_subproc=True):
+        result, code, timings = compile_with("CUTEDSL", lambda p, q: p @ q.t(), x, w)
+    assert "cutedsl_sm90_gemm" in code
+    assert relative_error(result, x.double() @ w.double().t()) < TOLERANCE
+    assert timings and all(t < float("inf") for t in timings.values()), timings
+
+
 def test_compile_falls_back_where_it_does_not_apply():
     x, w = (torch.randn(256, 256, device="cuda") for _ in range(2))
     result, code, _ = compile_with("ATEN,CUTEDSL", torch.mm, x, w)

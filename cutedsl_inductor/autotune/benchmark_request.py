@@ -1,0 +1,77 @@
+"""CuteDSLBenchmarkRequest: a CuteDSL choice as Inductor's picklable ``bmreq``, so that
+``TORCHINDUCTOR_AUTOTUNE_IN_SUBPROC=1`` (and pipelined autotuning) times our kernels in
+a tuning subprocess, where a kernel that faults (a sticky CUDA error) takes down only
+that process and the choice times as ``inf``, not the user's.
+
+The request carries what rebuilds the kernel there: the rendered source, argument specs,
+template name and parameters, and the knobs that decide where its binary is cached and
+what it is compiled for. In the subprocess ``make_run_fn`` loads the kernel (a disk
+cache hit when the parent precompiled it; otherwise it compiles) and launches it on
+tensors that Inductor makes from ``input_tensor_meta``: one per entry argument, with the
+argument's own sizes and strides (a transposed operand, an expanded bias), so they are
+passed to the kernel as they are.
+
+Invariants: holds no tensor and nothing of CUDA (it crosses process boundaries); runs
+the same binary as the in-process path (same source, specs and compile key).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch._inductor.autotune_process import (
+    BenchmarkRequest, GPUDeviceBenchmarkMixin, TensorMeta,
+)
+
+from .. import config
+from ..compile.specs import ArgSpec
+
+# The knobs that locate and shape a binary (the others only steer choices and fusion).
+_BINARY_KNOBS = ("cache_dir", "disk_cache", "arch", "entry_suffix", "compile_options")
+
+
+def argument_meta(node: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> TensorMeta:
+    """The meta of an entry argument that reads ``node`` with ``size`` and ``stride``."""
+    return TensorMeta(device=node.get_device(), dtype=node.get_dtype(), sizes=size,
+                      strides=stride, offset=0, name=node.get_name())
+
+
+class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
+    def __init__(
+        self,
+        kernel_name: str,
+        input_tensor_meta: list[TensorMeta],
+        output_tensor_meta: TensorMeta,
+        extra_args: list[int],
+        *,
+        source: str,
+        specs: list[ArgSpec],
+        template: str,
+        params: dict[str, Any],
+    ) -> None:
+        super().__init__(kernel_name, input_tensor_meta, output_tensor_meta, extra_args)
+        self.source = source
+        self.specs = specs
+        self.template = template
+        self.params = params
+        self.knobs = {name: getattr(config, name) for name in _BINARY_KNOBS}
+
+    def load(self) -> Any:
+        """The kernel's wrapper, built as the requesting process would build it."""
+        from ..runtime.loader import load_kernel
+
+        with config.patch(**self.knobs):
+            return load_kernel(self.kernel_name, self.source, self.specs,
+                               template=self.template, params=self.params)
+
+    def make_run_fn(self, *input_tensors: torch.Tensor, out: torch.Tensor
+                    ) -> Callable[[], Any]:
+        wrapper = self.load()
+        stream = torch.cuda.current_stream(out.device).cuda_stream
+        return functools.partial(wrapper.run, *input_tensors, out, *self.extra_args,
+                                 stream=stream)
+
+    def __str__(self) -> str:
+        return f"CuteDSLBenchmarkRequest({self.kernel_name})"
