@@ -212,7 +212,9 @@ def _opaque_copy(x):
 def _split_k_clusters(num_sms: int, cluster_ctas: int) -> int:
     """Persistent split-K clusters assumed co-resident.  A cluster must fit in one GPC
     (16-18 SMs on H100/H200), so clusters of 4 or 8 CTAs strand a few SMs per GPC;
-    launching more clusters than fit would run the excess as a late second wave."""
+    launching more clusters than fit would run the excess as a late second wave.  The
+    H200's occupancy query agrees: 66, 30 and 15 active clusters of 2, 4 and 8 CTAs
+    (benchmarks/gemm_splitk_check.py)."""
     if cluster_ctas <= 2:
         return max(1, num_sms // cluster_ctas)
     return max(1, num_sms * 15 // 16 // cluster_ctas)
