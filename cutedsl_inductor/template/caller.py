@@ -4,6 +4,8 @@
 benchmarking), ``benchmark`` times it on Inductor's example tensors, ``output_node``
 turns the winner into a ``CuteDSLTemplateBuffer``. ``hash_key`` is the template name
 and the hash of the rendered source and argument specs, identical in every process.
+``bmreq`` is the same choice as a picklable request, for Inductor's tuning subprocess
+(``autotune/benchmark_request.py``).
 
 Failure semantics: a choice that fails to load, compile or run is logged at warning
 level (template, parameters, generated file, reason), remembered as failed, and

@@ -1170,7 +1170,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         bonus = 0.0
         if cm * cn > 1:
             bonus -= 0.02
-        if cfg["tile_k"] == 128:  # the model counts K elements, not k-tile round trips
+        if cfg.get("tile_k", 64) == 128:  # the model counts K elements, not k-tile round trips
             bonus -= 0.01
         if (cfg.get("raster", "m") == "m") == (tiles_m >= tiles_n):
             bonus -= 0.01
