@@ -1,6 +1,7 @@
 """The GEMM choices hook, driven through Inductor's own KernelInputs (GPU-less)."""
 
 import pytest
+import sympy
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.kernel_inputs import MMKernelInputs
@@ -27,6 +28,13 @@ def test_mm_gets_choices_once_per_lowering(graph):
     assert offered("mm", nodes) == []
 
 
+def test_a_runtime_m_keeps_its_choices(graph):
+    m = sympy.Symbol("s0", integer=True, positive=True)
+    nodes = [make_input(graph, "a", (m, 256), torch.bfloat16),
+             make_input(graph, "b", (256, 384), torch.bfloat16)]
+    assert offered("mm", nodes)
+
+
 def test_transposed_weight_and_bmm(graph):
     w_t = make_input(graph, "w", (256, 384), torch.float16, stride=(1, 256))
     assert offered("mm", [make_input(graph, "x", (100, 256), torch.float16), w_t])
@@ -47,7 +55,8 @@ def test_addmm_carries_alpha_beta_and_waits_for_the_expanded_bias(graph):
 
 
 @pytest.mark.parametrize("reason", ["backend off", "no max-autotune", "fp32", "mixed",
-                                    "misaligned", "no unit stride", "other arch"])
+                                    "misaligned", "no unit stride", "other arch",
+                                    "runtime stride"])
 def test_no_choice_when_it_does_not_fit(graph, reason, monkeypatch):
     from cutedsl_inductor import config
 
@@ -65,6 +74,12 @@ def test_no_choice_when_it_does_not_fit(graph, reason, monkeypatch):
         shape_b, stride_b = (256, 383), None
     elif reason == "no unit stride":
         stride_b = (768, 2)
+    elif reason == "runtime stride":  # dynamic K: a later call may bring an odd one
+        k = sympy.Symbol("s0", integer=True, positive=True)
+        nodes = [make_input(graph, "a", (512, k), dtype_a),
+                 make_input(graph, "b", (k, 384), dtype_b, stride=(1, k))]
+        assert offered("mm", nodes) == []
+        return
     else:
         monkeypatch.setattr(config, "arch", "sm_100a")
     nodes = [make_input(graph, "a", (512, 256), dtype_a),

@@ -11,6 +11,8 @@ kernel (sm_90 target, bf16/fp16 operands of one dtype, output in that dtype, uni
 stride on one side of each operand, 16-byte aligned leading dimensions, aligned base
 pointers) and appends one choice per config from the heuristic (``pick_configs``,
 ``config.gemm_max_configs``; every valid config with ``config.gemm_exhaustive``).
+Under dynamic shapes a stride that is a runtime size must be known to be aligned: the
+graph serves later sizes too, and the checks on this call's sizes say nothing of them.
 A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters.
 A problem that does not suit it gets no choice, with a debug log saying why.
 """
@@ -102,6 +104,10 @@ def _operand_layout(node: Any, unit_last: str, unit_second: str) -> tuple[str | 
     return None, None
 
 
+def _is_runtime(expr: Any) -> bool:
+    return bool(getattr(expr, "free_symbols", None))
+
+
 def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, str | None]:
     """(``Sm90Gemm.why_not`` arguments, None) for a problem the kernel can run, else
     (None, the reason)."""
@@ -120,8 +126,17 @@ def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, 
     b_major, ldb = _operand_layout(b, "n", "k")
     if a_major is None or b_major is None:
         return None, "an operand has no unit-stride dimension"
-    hint = V.graph.sizevars.optimization_hint
     *batch, m, k = a.get_size()
+    strides = [lda, ldb, layout.stride[-2]]
+    if batch:
+        strides += [a.get_stride()[0], b.get_stride()[0], layout.stride[0]]
+    unit = 16 // a.get_dtype().itemsize
+    for stride in strides:  # checked below on the hints, which a later call may not share
+        if _is_runtime(stride) and not V.graph.sizevars.statically_known_multiple_of(stride,
+                                                                                    unit):
+            return None, (f"stride {stride} is a runtime size not known to be a multiple "
+                          f"of {unit} elements (16 bytes, as TMA needs)")
+    hint = V.graph.sizevars.optimization_hint
     problem = dict(
         a_dtype=a.get_dtype(), b_dtype=b.get_dtype(), out_dtype=layout.dtype,
         a_major=a_major, b_major=b_major, m=hint(m), n=hint(b.get_size()[-1]), k=hint(k),
