@@ -30,6 +30,7 @@ def test_mm_gets_choices_once_per_lowering(graph):
 
 def test_a_runtime_m_keeps_its_choices(graph):
     m = sympy.Symbol("s0", integer=True, positive=True)
+    graph.sizevars.shape_env.var_to_val[m] = sympy.Integer(1000)  # its hint, as dynamo gives
     nodes = [make_input(graph, "a", (m, 256), torch.bfloat16),
              make_input(graph, "b", (256, 384), torch.bfloat16)]
     assert offered("mm", nodes)
