@@ -49,9 +49,10 @@ def use_virtual_sm90(monkeypatch):
 
 
 @contextlib.contextmanager
-def lowered(fn, *shapes, dtype=torch.bfloat16):
-    """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor; yields
-    the GraphLowering, installed as V.graph (build a Scheduler from its operations)."""
+def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False):
+    """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor (its
+    C++ wrapper with ``cpp_wrapper``); yields the GraphLowering, installed as V.graph
+    (build a Scheduler from its operations)."""
     from torch._inductor.debug import DebugContext
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.graph import GraphLowering
@@ -63,7 +64,7 @@ def lowered(fn, *shapes, dtype=torch.bfloat16):
     with mode:
         args = [torch.empty(shape, device="cuda", dtype=dtype) for shape in shapes]
     gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-    graph = GraphLowering(gm, example_inputs=args)
+    graph = GraphLowering(gm, example_inputs=args, cpp_wrapper=cpp_wrapper)
     with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), \
             V.set_fake_mode(mode):
         graph.run(*args)

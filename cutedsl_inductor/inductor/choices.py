@@ -64,6 +64,11 @@ class CuteDSLChoices(InductorChoices):
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
         if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
             return choices
+        if V.graph.cpp_wrapper:
+            from ..template.template import CPP_WRAPPER_UNSUPPORTED
+
+            _warn_once(f"no CuteDSL GEMM choices: {CPP_WRAPPER_UNSUPPORTED}")
+            return choices
         try:
             from ..templates.gemm.template import gemm_choices
         except ImportError as err:  # no (usable) nvidia-cutlass-dsl: offer nothing

@@ -12,7 +12,9 @@ reuses the binary compiled while autotuning.
 Registry: template names are global; registering a name again with the same source
 returns quietly, with another source raises ``TemplateRegistryError``.
 
-Failure semantics: ``maybe_append_choice`` returns None or the error. Rendering errors
+Failure semantics: ``maybe_append_choice`` returns None or the error. Under Inductor's
+C++ wrapper (cpp_wrapper, AOTInductor) no choice is made: that wrapper cannot launch our
+kernels. Rendering errors
 (bad Jinja, bad parameter types, invalid Python) are logged at warning level with the
 template, the parameters and the generated file, and returned. A choice that fails to
 compile or run while autotuning is logged the same way and benchmarks as ``inf``, so
@@ -43,6 +45,8 @@ from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 log = logging.getLogger(__name__)
 
 GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs")
+CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) cannot launch "
+                           "CuteDSL kernels; they need the Python wrapper")
 
 
 class CuteDSLTemplate:
@@ -99,6 +103,9 @@ class CuteDSLTemplate:
         mutated_inputs: list[Any] | None = None,
         **params: Any,
     ) -> "CuteDSLTemplateCaller":
+        if V.graph.cpp_wrapper:
+            raise ChoiceError(template=self.name, params=format_params(params),
+                              cause=CPP_WRAPPER_UNSUPPORTED)
         input_nodes = [_fixed(node) for node in input_nodes]
         fake_output = ir.Buffer(name="buf_out", layout=layout)
         kernel = CuteDSLTemplateKernel(

@@ -119,3 +119,19 @@ def test_without_cute_dsl_no_choice_is_offered_and_one_warning_says_why():
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["0", "0"]
     assert run.stderr.count("CuTe DSL cannot be imported") == 1, run.stderr
+
+
+def test_under_the_cpp_wrapper_no_choice_is_offered_and_codegen_works(monkeypatch, caplog):
+    """Inductor's C++ wrapper cannot launch our kernels: were one chosen, codegen failed
+    (CudaKernelParamCache not populated); now ATen serves the mm and a warning says why."""
+    from cutedsl_inductor.inductor import choices
+    from tests.helpers import lowered, use_virtual_sm90
+
+    use_virtual_sm90(monkeypatch)
+    monkeypatch.setattr(choices, "_warn_once", choices._warn_once.__wrapped__)
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,CUTEDSL",
+                               cpp_wrapper=True), \
+            lowered(lambda x, w: x @ w.t(), (256, 512), (384, 512), cpp_wrapper=True) as graph:
+        code = graph.codegen()[0].value
+    assert "cutedsl" not in code
+    assert "cannot launch CuteDSL kernels" in caplog.text

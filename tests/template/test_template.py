@@ -54,6 +54,23 @@ def test_invalid_python_names_the_generated_file(graph, caplog):
     assert "return (" in Path(path).read_text()
 
 
+def test_no_choice_under_the_cpp_wrapper():
+    import torch.fx
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    from cutedsl_inductor.exc import ChoiceError
+
+    cpp_graph = GraphLowering(torch.fx.symbolic_trace(lambda x: x), cpp_wrapper=True)
+    choices = []
+    with V.set_graph_handler(cpp_graph):
+        err = CuteDSLTemplate("cpp_wrapper_add", ADD_SOURCE).maybe_append_choice(
+            choices, input_nodes=add_inputs(cpp_graph), layout=make_layout((64, 128)),
+            THREADS=128, VECTOR=4)
+    assert isinstance(err, ChoiceError) and choices == []
+    assert "'cpp_wrapper_add'" in str(err) and "C++ wrapper" in str(err)
+
+
 def test_choice_describes_itself(graph):
     template = CuteDSLTemplate("describe_add", ADD_SOURCE)
     choices = []
