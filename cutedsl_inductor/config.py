@@ -14,6 +14,7 @@ gemm_max_configs         CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS           8
 gemm_exhaustive          CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE            False
 epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (correct, not yet faster)
 fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3
+compile_workers          CUTEDSL_INDUCTOR_COMPILE_WORKERS            half the CPUs, <= 8 (< 2: 0)
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
 # Under max-autotune, how many of our fastest choices for a GEMM with a pointwise consumer
 # are timed again with that epilogue fused, the fastest fused one taken (< 2: no retiming).
 fused_choice_candidates: int = _env_int("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3)
+# Processes that compile the choices Inductor precompiles (0: compile in this process,
+# one kernel at a time: CuTe's compiler is not re-entrant).
+_HALF_THE_CPUS = min(8, (os.cpu_count() or 1) // 2)
+compile_workers: int = _env_int("CUTEDSL_INDUCTOR_COMPILE_WORKERS",
+                                _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0)
 
 
 @contextlib.contextmanager
@@ -83,6 +89,7 @@ _KNOBS = (
     "gemm_exhaustive",
     "epilogue_fusion",
     "fused_choice_candidates",
+    "compile_workers",
 )
 
 

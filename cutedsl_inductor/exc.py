@@ -66,6 +66,13 @@ class KernelCompileError(CuteDSLInductorError):
     )
 
 
+class CompileWorkerError(CuteDSLInductorError):
+    message = (
+        "the worker process compiling CuteDSL kernel {kernel!r} (template {template!r}, "
+        "parameters [{params}]) died: {cause}"
+    )
+
+
 class KernelArgumentError(CuteDSLInductorError):
     message = (
         "CuteDSL kernel {kernel!r} (template {template!r}) was called with arguments that "

@@ -27,6 +27,7 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     from cutedsl_inductor.compile import compiler
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
+    monkeypatch.setattr(config, "compile_workers", 0)  # tests/compile/test_workers.py: > 0
     monkeypatch.setattr(compiler, "_COMPILED", {})
     monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))

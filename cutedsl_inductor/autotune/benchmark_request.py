@@ -26,6 +26,7 @@ from torch._inductor.autotune_process import (
 )
 
 from .. import config
+from ..compile.compiler import target_arch
 from ..compile.specs import ArgSpec
 
 # The knobs that locate and shape a binary (the others only steer choices and fusion).
@@ -57,6 +58,7 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         self.template = template
         self.params = params
         self.knobs = {name: getattr(config, name) for name in _BINARY_KNOBS}
+        self.knobs["arch"] = target_arch()  # as resolved here (another process may see no GPU)
 
     def load(self) -> Any:
         """The kernel's wrapper, built as the requesting process would build it."""

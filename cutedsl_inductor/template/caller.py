@@ -26,6 +26,7 @@ from torch._inductor.autotune_process import TensorMeta
 
 from ..autotune.benchmark_request import CuteDSLBenchmarkRequest, argument_meta
 from ..compile.specs import ArgSpec, specs_key
+from ..compile.workers import build_in_worker
 from ..exc import format_params
 from ..inductor.ir import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
@@ -123,7 +124,10 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         return self._wrapper
 
     def precompile(self) -> None:
+        """Inductor calls this from its thread pool: the compile itself runs in one of
+        our worker processes where there are any (``compile/workers.py``)."""
         try:
+            build_in_worker(self.bmreq)
             self.load()
         except Exception as err:
             self._drop(err)

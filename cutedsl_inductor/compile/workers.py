@@ -1,0 +1,158 @@
+"""Compile in worker processes. CuTe DSL's compiler is not re-entrant, so a process
+compiles one kernel at a time (``compiler._COMPILE_LOCK``), and the choices Inductor
+precompiles from its thread pool would compile one after another. With
+``config.compile_workers`` > 0, ``build_in_worker(request)`` hands a choice's picklable
+request (``autotune/benchmark_request.py``) to one of that many worker processes, which
+compiles it into the disk cache; the choice then loads the binary from there (a disk
+hit, milliseconds). A kernel already in memory or on disk never goes to a worker.
+
+A worker is ``python -m cutedsl_inductor.compile.workers``, started on first need and
+kept for the life of this process; requests and replies are pickles over its stdin and
+stdout (what it prints goes to stderr). Like Inductor's own compile workers it is a
+fresh interpreter, not a fork or a multiprocessing spawn: it never re-runs the user's
+script, and the parent's CUDA and CuTe state stays out of it. It sees no GPU (a compile
+needs none, and a CUDA context per worker would cost GPU memory) and compiles for the
+arch resolved in the parent (``CUTE_DSL_ARCH``, read when CuTe is first imported; a
+request for another arch replaces the workers).
+
+Failure semantics: an error of ours in a worker (``KernelCompileError`` naming template,
+parameters and generated file, ``GeneratedCodeError``) comes back and is raised here;
+a worker that dies (a compiler crash) raises ``CompileWorkerError`` and is replaced on
+the next need. The caller drops the choice; this process does not compile it again.
+Any other failure in a worker (its environment, not the kernel) is logged and the
+kernel compiles in this process instead. Without the disk cache a worker could hand
+nothing back: none is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .. import config
+from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
+
+log = logging.getLogger(__name__)
+
+
+class _Worker:
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.process = subprocess.Popen([sys.executable, "-m", __name__],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def build(self, request: Any) -> CuteDSLInductorError | str | None:
+        """The worker's reply; EOFError or BrokenPipeError if it died."""
+        pickle.dump(request, self.process.stdin)
+        self.process.stdin.flush()
+        return pickle.load(self.process.stdout)
+
+    def close(self) -> None:
+        self.process.stdin.close()  # the worker exits at end of input
+
+
+# idle workers and how many are running (guarded by _LOCK)
+_IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
+_running = 0
+_LOCK = threading.Lock()
+
+
+def build_in_worker(request: Any) -> None:
+    """Compile ``request``'s kernel into the disk cache in a worker process, unless no
+    worker could help (none configured, no disk cache, the kernel already built)."""
+    if config.compile_workers < 1 or not config.disk_cache or _already_built(request):
+        return
+    worker = _acquire(request.knobs["arch"])
+    try:
+        error = worker.build(request)
+    except (EOFError, OSError, pickle.UnpicklingError) as err:
+        _retire(worker)
+        raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
+                                 params=format_params(request.params),
+                                 cause=f"{type(err).__name__}: {err}") from err
+    _IDLE.put(worker)
+    if isinstance(error, str):
+        log.warning("a compile worker failed on %s (%s); compiling it in this process",
+                    request.kernel_name, error)
+    elif error is not None:
+        raise error
+
+
+def shutdown() -> None:
+    """Stop the idle workers (busy ones stop when their build returns)."""
+    global _running
+    with _LOCK:
+        while not _IDLE.empty():
+            _IDLE.get().close()
+            _running -= 1
+
+
+def _already_built(request: Any) -> bool:
+    from ..template.kernel import entry_name
+    from .compiler import _COMPILED, compile_key
+    from .disk_cache import default_cache
+
+    with config.patch(**request.knobs):
+        key = compile_key(request.source, entry_name(request.kernel_name), request.specs,
+                          request.knobs["arch"])
+        return key in _COMPILED or default_cache().paths(key)[1].exists()
+
+
+def _acquire(arch: str) -> _Worker:
+    global _running
+    while True:
+        with _LOCK:
+            if _IDLE.empty() and _running < config.compile_workers:
+                _running += 1
+                return _Worker(arch)
+        worker = _IDLE.get()  # waits for a busy one
+        if worker.arch == arch:
+            return worker
+        worker.close()  # compiles for another arch
+        with _LOCK:
+            _running -= 1
+
+
+def _retire(worker: _Worker) -> None:
+    global _running
+    worker.process.kill()
+    with _LOCK:
+        _running -= 1
+
+
+def _build(request: Any) -> CuteDSLInductorError | str | None:
+    """In the worker: compile into the disk cache. The reply: None, our error about the
+    kernel (picklable), or the text of any other failure."""
+    try:
+        request.load()
+    except CuteDSLInductorError as err:
+        return err
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _serve() -> None:
+    """The worker's loop: one request in, one reply out, until the parent closes stdin."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            return
+        pickle.dump(_build(request), replies)
+        replies.flush()
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,93 @@
+"""Compiling in worker processes: real spawned workers, real GPU-less compiles."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cutedsl_inductor import CuteDSLTemplate, config
+from cutedsl_inductor.compile import compiler, workers
+from cutedsl_inductor.exc import KernelCompileError
+from cutedsl_inductor.templates.elementwise import add_template
+from tests.helpers import make_input, make_layout
+from tests.runtime.test_loader import BROKEN_SOURCE
+
+
+@pytest.fixture
+def two_workers(monkeypatch):
+    monkeypatch.setattr(config, "compile_workers", 2)
+    yield
+    workers.shutdown()
+
+
+def add_choices(graph, threads):
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    return [add_template.generate(input_nodes=inputs, layout=make_layout((64, 128)),
+                                  THREADS=t, VECTOR=4) for t in threads]
+
+
+def test_workers_compile_what_inductors_threads_precompile(graph, two_workers):
+    choices = add_choices(graph, (64, 128, 256))
+    with ThreadPoolExecutor(3) as pool:  # as Inductor's precompile does
+        list(pool.map(lambda choice: choice.precompile(), choices))
+    assert [c.failure for c in choices] == [None, None, None]
+    # this process compiled nothing: it loaded what the workers left in the disk cache
+    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 3
+
+
+def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
+    (first,) = add_choices(graph, (128,))
+    first.load()  # compiled here, no workers
+    monkeypatch.setattr(config, "compile_workers", 2)
+    (again,) = add_choices(graph, (128,))
+    again.precompile()
+    assert workers._running == 0 and again.failure is None
+
+
+def test_a_compile_error_in_a_worker_comes_back_in_full(graph, two_workers):
+    template = CuteDSLTemplate("broken_in_worker", BROKEN_SOURCE)
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    choice = template.generate(input_nodes=inputs, layout=make_layout((64, 128)), TILE=16)
+    choice.precompile()
+    assert isinstance(choice.failure, KernelCompileError)
+    message = str(choice.failure)
+    assert "'broken_in_worker'" in message and "TILE=16" in message and ".py" in message
+    assert compiler.stats["compiled"] == 0  # not compiled again here
+
+
+DYING_SOURCE = r'''
+import os
+os._exit(3)  # the process that imports this module dies
+{{gen_defines()}}
+
+@cute.jit
+{{def_kernel("a", "b")}}
+    pass
+'''
+
+
+def test_a_worker_that_dies_drops_the_choice_and_is_replaced(graph, two_workers):
+    from cutedsl_inductor.exc import CompileWorkerError
+
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    dying = CuteDSLTemplate("dies_in_worker", DYING_SOURCE).generate(
+        input_nodes=inputs, layout=make_layout((64, 128)), TILE=8)
+    dying.precompile()
+    assert isinstance(dying.failure, CompileWorkerError)
+    assert "'dies_in_worker'" in str(dying.failure) and "TILE=8" in str(dying.failure)
+    (healthy,) = add_choices(graph, (64,))
+    healthy.precompile()
+    assert healthy.failure is None and compiler.stats["disk_hits"] == 1
+
+
+def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process(
+        graph, two_workers, caplog):
+    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+
+    source = ('import os\nif os.environ.get("CUDA_VISIBLE_DEVICES") == "":\n'
+              '    raise RuntimeError("only in a worker")\n' + ADD_SOURCE)
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    choice = CuteDSLTemplate("fails_in_worker_only", source).generate(
+        input_nodes=inputs, layout=make_layout((64, 128)), THREADS=128, VECTOR=4)
+    choice.precompile()
+    assert choice.failure is None and compiler.stats["compiled"] == 1
+    assert "only in a worker" in caplog.text and "compiling it in this process" in caplog.text
