@@ -4,7 +4,8 @@ precompiles from its thread pool would compile one after another. With
 ``config.compile_workers`` > 0, ``build_in_worker(request)`` hands a choice's picklable
 request (``autotune/benchmark_request.py``) to one of that many worker processes, which
 compiles it into the disk cache; the choice then loads the binary from there (a disk
-hit, milliseconds). A kernel already in memory or on disk never goes to a worker.
+hit, milliseconds). A kernel already in memory or on disk never goes to a worker, nor
+does an upstream-style entry (it compiles in its first call, not when loaded).
 
 A worker is ``python -m cutedsl_inductor.compile.workers``, started on first need and
 kept for the life of this process; requests and replies are pickles over its stdin and
@@ -30,6 +31,7 @@ import logging
 import os
 import pickle
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -68,7 +70,8 @@ _LOCK = threading.Lock()
 def build_in_worker(request: Any) -> None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
     worker could help (none configured, no disk cache, the kernel already built)."""
-    if config.compile_workers < 1 or not config.disk_cache or _already_built(request):
+    if (config.compile_workers < 1 or not config.disk_cache
+            or not _compiles_when_loaded(request) or _already_built(request)):
         return
     worker = _acquire(request.knobs["arch"])
     try:
@@ -93,6 +96,15 @@ def shutdown() -> None:
         while not _IDLE.empty():
             _IDLE.get().close()
             _running -= 1
+
+
+def _compiles_when_loaded(request: Any) -> bool:
+    """A ``@cute.jit`` entry compiles when loaded; an upstream-style entry compiles in
+    its first call, here (nothing a worker could do ahead)."""
+    from ..template.kernel import entry_name
+
+    return re.search(rf"@cute\.jit\s*\ndef {entry_name(request.kernel_name)}\(",
+                     request.source) is not None
 
 
 def _already_built(request: Any) -> bool:

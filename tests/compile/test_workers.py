@@ -91,3 +91,13 @@ def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process
     choice.precompile()
     assert choice.failure is None and compiler.stats["compiled"] == 1
     assert "only in a worker" in caplog.text and "compiling it in this process" in caplog.text
+
+
+def test_upstream_style_entries_go_to_no_worker(graph, two_workers):
+    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
+
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    choice = CuteDSLTemplate("upstream_in_workers", UPSTREAM_ADD_SOURCE).generate(
+        input_nodes=inputs, layout=make_layout((64, 128)), THREADS_PER_BLOCK=128)
+    choice.precompile()
+    assert choice.failure is None and workers._running == 0
