@@ -73,7 +73,12 @@ def build_in_worker(request: Any) -> None:
     if (config.compile_workers < 1 or not config.disk_cache
             or not _compiles_when_loaded(request) or _already_built(request)):
         return
-    worker = _acquire(request.knobs["arch"])
+    try:
+        worker = _acquire(request.knobs["arch"])
+    except OSError as err:
+        log.warning("cannot start a compile worker (%s); compiling %s in this process",
+                    err, request.kernel_name)
+        return
     try:
         error = worker.build(request)
     except (EOFError, OSError, pickle.UnpicklingError) as err:
@@ -123,8 +128,9 @@ def _acquire(arch: str) -> _Worker:
     while True:
         with _LOCK:
             if _IDLE.empty() and _running < config.compile_workers:
+                worker = _Worker(arch)  # OSError: none started
                 _running += 1
-                return _Worker(arch)
+                return worker
         worker = _IDLE.get()  # waits for a busy one
         if worker.arch == arch:
             return worker
