@@ -7,9 +7,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, cache_dir):
+def cli(*args, cache_dir, workers=0):
     env = {"CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
-           "CUTE_DSL_ARCH": "sm_90a", "HOME": str(cache_dir)}
+           "CUTE_DSL_ARCH": "sm_90a", "HOME": str(cache_dir),
+           "CUTEDSL_INDUCTOR_COMPILE_WORKERS": str(workers)}
     return subprocess.run([sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 
@@ -28,6 +29,16 @@ def test_precompile_then_cache_info_then_clear(tmp_path):
     cleared = cli("cache", "clear", cache_dir=cache_dir)
     assert "removed 9 entries" in cleared.stdout
     assert "entries:   0" in cli("cache", "info", cache_dir=cache_dir).stdout
+
+
+def test_precompile_in_two_worker_processes(tmp_path):
+    cache_dir = tmp_path / "kernels"
+    run = cli("precompile", "--arch", "sm_90a", "--templates", "elementwise",
+              cache_dir=cache_dir, workers=2)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
+    loaded = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
+    assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
 
 
 def write_shard(directory, row):

@@ -8,6 +8,8 @@ cache directory then loads them without compiling. Keys include arch and toolcha
 versions, so the two machines must run the same nvidia-cutlass-dsl / apache-tvm-ffi /
 cutedsl_inductor versions.
 
+Choices compile in ``config.compile_workers`` worker processes where there are any.
+
 Failure semantics: a choice that fails to compile is counted and reported, and the
 rest go on; the summary says what failed and why.
 """
@@ -17,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import config
-from ..compile import compiler
+from ..compile.workers import already_built
 from .scratch import scratch_graph
 
 # short name -> module offering ``precompile_choices(scratch)``
@@ -63,17 +66,24 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
                 choices += module.precompile_choices(scratch, gemm_shapes)
             else:
                 choices += module.precompile_choices(scratch)
-        for choice in tqdm(choices, desc=f"precompile {arch}", unit="kernel",
-                           disable=not progress):
-            before = dict(compiler.stats)
-            try:
-                choice.load()
-            except Exception as err:
-                summary.failed.append((choice.name, f"{type(err).__name__}: {err}"))
-                continue
-            if compiler.stats["compiled"] > before["compiled"]:
-                summary.compiled += 1
-            else:
-                summary.cached += 1
+        with ThreadPoolExecutor(max(1, config.compile_workers)) as pool:
+            built = pool.map(_build, choices)
+            for choice, (was_built, error) in tqdm(zip(choices, built), total=len(choices),
+                                                   desc=f"precompile {arch}", unit="kernel",
+                                                   disable=not progress):
+                if error is not None:
+                    summary.failed.append((choice.name, f"{type(error).__name__}: {error}"))
+                elif was_built:
+                    summary.cached += 1
+                else:
+                    summary.compiled += 1
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _build(choice: Any) -> tuple[bool, Exception | None]:
+    """(was it in the cache already, the error if it failed); compiles in a worker
+    process where there are any, as under Inductor."""
+    was_built = already_built(choice.bmreq)
+    choice.precompile()
+    return was_built, choice.failure

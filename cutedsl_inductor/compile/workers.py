@@ -71,7 +71,7 @@ def build_in_worker(request: Any) -> None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
     worker could help (none configured, no disk cache, the kernel already built)."""
     if (config.compile_workers < 1 or not config.disk_cache
-            or not _compiles_when_loaded(request) or _already_built(request)):
+            or not _compiles_when_loaded(request) or already_built(request)):
         return
     try:
         worker = _acquire(request.knobs["arch"])
@@ -112,7 +112,8 @@ def _compiles_when_loaded(request: Any) -> bool:
                      request.source) is not None
 
 
-def _already_built(request: Any) -> bool:
+def already_built(request: Any) -> bool:
+    """Whether ``request``'s kernel is compiled in this process or in the disk cache."""
     from ..template.kernel import entry_name
     from .compiler import _COMPILED, compile_key
     from .disk_cache import default_cache
