@@ -14,11 +14,10 @@ returns quietly, with another source raises ``TemplateRegistryError``.
 
 Failure semantics: ``maybe_append_choice`` returns None or the error. Under Inductor's
 C++ wrapper (cpp_wrapper, AOTInductor) no choice is made: that wrapper cannot launch our
-kernels. Rendering errors
-(bad Jinja, bad parameter types, invalid Python) are logged at warning level with the
-template, the parameters and the generated file, and returned. A choice that fails to
-compile or run while autotuning is logged the same way and benchmarks as ``inf``, so
-Inductor picks another choice.
+kernels. Rendering errors (bad Jinja, bad parameter types, invalid Python) are logged at
+warning level with the template, the parameters and the generated file, and returned.
+A choice that fails to compile or run while autotuning is logged the same way and
+benchmarks as ``inf``, so Inductor picks another choice.
 """
 
 from __future__ import annotations
