@@ -34,7 +34,8 @@ for s in $steps; do
     launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
-    bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue ${EPILOGUE_ARGS:---quick} ;;
+    bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue \
+        ${EPILOGUE_ARGS:---quick} --out "$OUT" ;;
     splitk) step splitk python3 benchmarks/gemm_splitk_check.py ;;
     pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
     sweep) step sweep python3 benchmarks/gemm_sweep.py \

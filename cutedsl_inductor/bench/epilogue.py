@@ -10,15 +10,18 @@ checked against eager (relative error < 1e-2) and our output code against fusion
 "fused" column: every consumer ran inside a GEMM). Times are GPU times of the compiled
 function replayed in a CUDA graph (at M = 128 a call costs more on the host than on the
 GPU, for every variant). Prints TFLOP/s (GEMM FLOPs over time), the ratios and the
-configs of our GEMM kernels.
+configs of our GEMM kernels, and writes them to ``--out``/epilogue_bench.csv row by row
+(what was measured survives a run cut short).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import csv
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,9 +84,15 @@ def gemm_configs(code: str) -> str:
     return ", ".join(names)
 
 
+CSV_FIELDS = ["block", "m", "n", "k", "ours", "default", "max_autotune", "vs_default",
+              "vs_max_autotune", "fused", "our_configs"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench epilogue")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("."),
+                        help="folder for epilogue_bench.csv (written row by row)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench epilogue needs an sm_90 GPU")
@@ -92,20 +101,37 @@ def main(argv: list[str] | None = None) -> int:
           f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'fused':>6}   our configs (TFLOP/s)",
           flush=True)
     ratios = []
-    for m, n, k in QUICK if args.quick else SHAPES:
-        for name, (fn, fn_args, flops) in blocks(m, n, k).items():
-            tflops, fused, configs = {}, False, ""
-            for variant in ("ours", "default", "max-autotune"):
-                out, all_fused, used = compiled(fn, fn_args, variant)  # timed before the next reset
-                tflops[variant] = flops / median_ms(lambda: out(*fn_args), cuda_graph=True) / 1e9
-                if variant == "ours":
-                    fused, configs = all_fused, used
-            vs_max = tflops["ours"] / tflops["max-autotune"]
-            ratios.append(vs_max)
-            print(f"{name:24s} {m:>5} {n:>6} {k:>5} {tflops['ours']:7.0f} "
-                  f"{tflops['default']:8.0f} {tflops['max-autotune']:7.0f} "
-                  f"{tflops['ours'] / tflops['default']:9.2f} {vs_max:8.2f} "
-                  f"{'yes' if fused else 'NO':>6}   {configs}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "epilogue_bench.csv", "w", newline="") as table:
+        writer = csv.DictWriter(table, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for m, n, k in QUICK if args.quick else SHAPES:
+            for name, block in blocks(m, n, k).items():
+                row = measure(name, m, n, k, *block)
+                ratios.append(row["vs_max_autotune"])
+                writer.writerow(row)
+                table.flush()
+                print(f"{name:24s} {m:>5} {n:>6} {k:>5} {row['ours']:7.0f} "
+                      f"{row['default']:8.0f} {row['max_autotune']:7.0f} "
+                      f"{row['vs_default']:9.2f} {row['vs_max_autotune']:8.2f} "
+                      f"{'yes' if row['fused'] else 'NO':>6}   {row['our_configs']}",
+                      flush=True)
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     print(f"ours / Inductor max-autotune: geomean {geomean:.3f}, worst {min(ratios):.2f}")
     return 0
+
+
+def measure(name: str, m: int, n: int, k: int, fn: Any, fn_args: tuple[torch.Tensor, ...],
+            flops: int) -> dict[str, Any]:
+    """One table row: TFLOP/s of ours, Inductor default and max-autotune, and ratios."""
+    tflops, fused, configs = {}, False, ""
+    for variant in ("ours", "default", "max-autotune"):
+        out, all_fused, used = compiled(fn, fn_args, variant)  # timed before the next reset
+        tflops[variant] = flops / median_ms(lambda: out(*fn_args), cuda_graph=True) / 1e9
+        if variant == "ours":
+            fused, configs = all_fused, used
+    return dict(block=name, m=m, n=n, k=k, ours=tflops["ours"], default=tflops["default"],
+                max_autotune=tflops["max-autotune"],
+                vs_default=tflops["ours"] / tflops["default"],
+                vs_max_autotune=tflops["ours"] / tflops["max-autotune"], fused=fused,
+                our_configs=configs)
