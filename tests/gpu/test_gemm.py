@@ -95,6 +95,16 @@ def test_bmm_matches_float64():
         assert relative_error(out, ref) < TOLERANCE, description
 
 
+def test_bmm_with_a_broadcast_operand_matches_float64():
+    """A batch stride of 0 (one weight for every batch, an expand) passes the checks, so
+    choices are offered for it: their TMA descriptors must handle the zero stride."""
+    a = torch.randn(3, 200, 72, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(72, 136, device="cuda", dtype=torch.bfloat16).expand(3, 72, 136)
+    ref = a.double() @ b.double()
+    for description, out in template_outputs("bmm", [a, b], (3, 200, 136)):
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
 def test_addmm_bias_alpha_beta_match_float64():
     a = torch.randn(260, 128, device="cuda", dtype=torch.bfloat16)
     b = operand_b(128, 512, torch.bfloat16, True)
