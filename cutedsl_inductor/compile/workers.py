@@ -16,13 +16,18 @@ needs none, and a CUDA context per worker would cost GPU memory) and compiles fo
 arch resolved in the parent (``CUTE_DSL_ARCH``, read when CuTe is first imported; a
 request for another arch replaces the workers).
 
-Failure semantics: an error of ours in a worker (``KernelCompileError`` naming template,
-parameters and generated file, ``GeneratedCodeError``) comes back and is raised here;
-a worker that dies (a compiler crash) raises ``CompileWorkerError`` and is replaced on
-the next need. The caller drops the choice; this process does not compile it again.
-Any other failure in a worker (its environment, not the kernel) is logged and the
-kernel compiles in this process instead. Without the disk cache a worker could hand
-nothing back: none is used.
+Failure semantics:
+- a worker that cannot start (it dies before it says it is ready: the interpreter or
+  the environment, not a kernel) turns the workers off for this process, with one
+  warning; kernels compile here;
+- an error of ours in a worker (``KernelCompileError`` naming template, parameters and
+  generated file; ``GeneratedCodeError``) comes back and is raised here, and a worker
+  that dies in a build (a compiler crash) raises ``CompileWorkerError`` and is replaced
+  on the next need: either way the caller drops the choice, and this process does not
+  compile it again;
+- any other failure in a worker (its environment, not the kernel) is logged and the
+  kernel compiles here instead.
+Without the disk cache a worker could hand nothing back: none is used.
 """
 
 from __future__ import annotations
@@ -46,13 +51,25 @@ log = logging.getLogger(__name__)
 class _Worker:
     def __init__(self, arch: str) -> None:
         self.arch = arch
+        self.ready = False
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen([sys.executable, "-m", __name__],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def build(self, request: Any) -> CuteDSLInductorError | str | None:
-        """The worker's reply; EOFError or BrokenPipeError if it died."""
+        """The worker's reply; EOFError or BrokenPipeError if it died, _NotStarted if it
+        died before it was ready (it could not start: its environment, not a kernel)."""
+        if not self.ready:
+            try:
+                said = pickle.load(self.process.stdout)
+            except EOFError as err:
+                raise _NotStarted(f"exit status {self.process.wait()}") from err
+            except pickle.UnpicklingError as err:
+                raise _NotStarted(f"its first words were not a pickle: {err}") from err
+            if said != _READY:
+                raise _NotStarted(f"it said {said!r} instead of {_READY!r}")
+            self.ready = True
         pickle.dump(request, self.process.stdin)
         self.process.stdin.flush()
         return pickle.load(self.process.stdout)
@@ -61,26 +78,35 @@ class _Worker:
         self.process.stdin.close()  # the worker exits at end of input
 
 
-# idle workers and how many are running (guarded by _LOCK)
+class _NotStarted(Exception):
+    pass
+
+
+_READY = "ready"
+# idle workers and how many are running (guarded by _LOCK); why workers cannot start here
 _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _running = 0
 _LOCK = threading.Lock()
+_cannot_start: str | None = None
 
 
 def build_in_worker(request: Any) -> None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
     worker could help (none configured, no disk cache, the kernel already built)."""
-    if (config.compile_workers < 1 or not config.disk_cache
+    if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
             or not _compiles_when_loaded(request) or already_built(request)):
         return
     try:
         worker = _acquire(request.knobs["arch"])
-    except OSError as err:
-        log.warning("cannot start a compile worker (%s); compiling %s in this process",
-                    err, request.kernel_name)
+    except OSError as err:  # not even spawned
+        _give_up(f"{type(err).__name__}: {err}")
         return
     try:
         error = worker.build(request)
+    except _NotStarted as err:
+        _retire(worker)
+        _give_up(str(err))
+        return
     except (EOFError, OSError, pickle.UnpicklingError) as err:
         _retire(worker)
         raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
@@ -92,6 +118,16 @@ def build_in_worker(request: Any) -> None:
                     request.kernel_name, error)
     elif error is not None:
         raise error
+
+
+def _give_up(reason: str) -> None:
+    """Workers cannot start here: from now on this process compiles (said once)."""
+    global _cannot_start
+    with _LOCK:
+        first, _cannot_start = _cannot_start is None, reason
+    if first:
+        log.warning("compile workers cannot start (%s); CuteDSL kernels compile in this "
+                    "process", reason)
 
 
 def shutdown() -> None:
@@ -163,6 +199,8 @@ def _serve() -> None:
     """The worker's loop: one request in, one reply out, until the parent closes stdin."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
+    pickle.dump(_READY, replies)
+    replies.flush()
     requests = sys.stdin.buffer
     while True:
         try:

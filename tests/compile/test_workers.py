@@ -1,5 +1,6 @@
 """Compiling in worker processes: real spawned workers, real GPU-less compiles."""
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,6 +16,7 @@ from tests.runtime.test_loader import BROKEN_SOURCE
 @pytest.fixture
 def two_workers(monkeypatch):
     monkeypatch.setattr(config, "compile_workers", 2)
+    monkeypatch.setattr(workers, "_cannot_start", None)
     yield
     workers.shutdown()
 
@@ -101,3 +103,14 @@ def test_upstream_style_entries_go_to_no_worker(graph, two_workers):
         input_nodes=inputs, layout=make_layout((64, 128)), THREADS_PER_BLOCK=128)
     choice.precompile()
     assert choice.failure is None and workers._running == 0
+
+
+def test_workers_that_cannot_start_leave_every_compile_to_this_process(
+        graph, two_workers, monkeypatch, caplog):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # an interpreter that cannot run them
+    first, second = add_choices(graph, (64, 128))
+    first.precompile()
+    second.precompile()
+    assert first.failure is None and second.failure is None
+    assert compiler.stats["compiled"] == 2  # here
+    assert caplog.text.count("compile workers cannot start") == 1
