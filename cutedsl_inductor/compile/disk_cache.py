@@ -87,6 +87,10 @@ class KernelDiskCache:
 
     # -- read ----------------------------------------------------------------------
 
+    def has(self, key: str) -> bool:
+        """Whether an entry for ``key`` is there (``load`` verifies it)."""
+        return self.paths(key)[1].exists()
+
     def load(self, key: str) -> Any | None:
         """The cached function for ``key``, or None (missing, or removed as unusable)."""
         obj_path, manifest_path, _ = self.paths(key)

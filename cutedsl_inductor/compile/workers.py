@@ -150,14 +150,13 @@ def _compiles_when_loaded(request: Any) -> bool:
 
 def already_built(request: Any) -> bool:
     """Whether ``request``'s kernel is compiled in this process or in the disk cache."""
-    from ..template.kernel import entry_name
-    from .compiler import _COMPILED, compile_key
+    from ..runtime.loader import kernel_key
+    from .compiler import _COMPILED
     from .disk_cache import default_cache
 
     with config.patch(**request.knobs):
-        key = compile_key(request.source, entry_name(request.kernel_name), request.specs,
-                          request.knobs["arch"])
-        return key in _COMPILED or default_cache().paths(key)[1].exists()
+        key = kernel_key(request.kernel_name, request.source, request.specs)
+        return key in _COMPILED or default_cache().has(key)
 
 
 def _acquire(arch: str) -> _Worker:

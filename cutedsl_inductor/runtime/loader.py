@@ -36,6 +36,12 @@ def write_source(source: str) -> tuple[str, str]:
     return PyCodeCache.write(source)
 
 
+def kernel_key(kernel_name: str, source: str, specs: list[ArgSpec]) -> str:
+    """The compile key of ``kernel_name``'s ``@cute.jit`` entry in ``source`` at
+    ``specs``, for the target arch."""
+    return compile_key(source, entry_name(kernel_name), specs, target_arch())
+
+
 def load_kernel(
     kernel_name: str,
     source: str,
@@ -63,7 +69,7 @@ def load_kernel(
     arch = target_arch()
     if is_cute_jit(entry):
         compiled = compile_entry(
-            entry, specs, key=compile_key(source, name, specs, arch), arch=arch,
+            entry, specs, key=kernel_key(kernel_name, source, specs), arch=arch,
             describe=describe,
         )
         return TVMFFIKernelWrapper(
