@@ -133,14 +133,22 @@ WARM_SCRIPT = textwrap.dedent("""
 
 
 def test_warm_process_compiles_nothing(tmp_path):
+    """The first process builds the kernel (in this process or a compile worker: either
+    way a new object file in the cache); the second builds and rewrites nothing."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "CUTEDSL_INDUCTOR_CACHE_DIR": str(tmp_path / "kernels")}
-    runs = [subprocess.run([sys.executable, "-c", WARM_SCRIPT], cwd=ROOT, env=env,
-                           capture_output=True, text=True) for _ in range(2)]
-    for run in runs:
+
+    def run_and_list_objects():
+        run = subprocess.run([sys.executable, "-c", WARM_SCRIPT], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-3000:]
-    assert runs[0].stdout.split()[-1] != "0"
-    assert runs[1].stdout.split()[-1] == "0"
+        objects = sorted((tmp_path / "kernels").rglob("*.o"))
+        return run.stdout.split()[-1], [(path, path.stat().st_mtime_ns) for path in objects]
+
+    _, cold_objects = run_and_list_objects()
+    assert cold_objects
+    warm_compiled, warm_objects = run_and_list_objects()
+    assert warm_compiled == "0" and warm_objects == cold_objects
 
 
 def test_dynamic_shapes_share_one_binary():
