@@ -195,6 +195,8 @@ class PointwiseToCuteDSL(DefaultHandler):
             raise _unsupported("load", f"buffer {name} of dtype {dtype}")
         if dtype in _FLOAT16:  # 16-bit values are computed in fp32
             return self._emit(f"({expr}).to(cutlass.Float32)", torch.float32)
+        if dtype == torch.bool:  # a bool tensor's element is a byte in memory
+            return self._emit(f"({expr}).to(cutlass.Boolean)", torch.bool)
         return self._emit(expr, dtype)
 
     def store(self, name: str, index: Any, value: Any, mode: Any = None) -> None:

@@ -37,6 +37,10 @@ BLOCKS = {
         lambda: (randn(256, 512), randn(384, 512), randn(384), randn(256, 384))),
     "swiglu": (lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t()),
                lambda: (randn(256, 512), randn(384, 512), randn(384, 512))),
+    "masked_residual": (  # a bool input (a byte in memory) read in the epilogue
+        lambda x, w, mask, r: torch.where(mask, x @ w.t() + r, r),
+        lambda: (randn(256, 512), randn(384, 512),
+                 torch.rand(256, 384, device="cuda") > 0.5, randn(256, 384))),
 }
 
 
