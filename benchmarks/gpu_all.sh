@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
 #                                             bench_epilogue splitk pingpong bench_gemm_shards
 #                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
+#                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             compile_workers (host CPUs only, no GPU)
 #                                             (default: the first eight)
 # bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
@@ -40,6 +41,7 @@ for s in $steps; do
     pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
     sweep) step sweep python3 benchmarks/gemm_sweep.py \
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
+    epilogue_cost) step epilogue_cost python3 benchmarks/epilogue_cost.py ;;
     compile_workers) step compile_workers python3 benchmarks/compile_workers.py --workers 2,8 ;;
     bench_gemm_shards)
       gpus=$(nvidia-smi -L | wc -l)
