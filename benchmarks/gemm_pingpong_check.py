@@ -50,7 +50,8 @@ def fused_gemm_class():
                         epi_args=(mColBias,))
 
         @cute.jit
-        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
+                        prefetched):
             col_bias = epi_args[0]
             for i in cutlass.range(cute.size(acc), unroll_full=True):
                 v = acc[i]

@@ -1,22 +1,29 @@
 """Fused epilogues: pointwise consumers of a template's output, computed inside it.
 
 ``plan_epilogue(template_buffer, consumers)`` translates Inductor pointwise nodes (in
-the order they consume each other) into one ``@cute.jit`` function the template calls
-on every output element, in fp32::
+the order they consume each other) into ``@cute.jit`` functions the template calls on
+every output element, in fp32. In one call::
 
-    @cute.jit
-    def <kernel>_epilogue(value, c0, c1, extras):   # c0, c1: the element's coordinates
-        ...                                          # translated lines
-        return result                                # fp32; the template casts it
+    <kernel>_epilogue(value, c0, c1, extras) -> result  # c0, c1: the element's coordinates
+
+or in two phases, so that a template can issue an element's global loads well before it
+computes (the GEMM loads a sub-tile's inputs while it stores the previous one)::
+
+    loaded = <kernel>_epilogue_registers(count)          # registers for count elements
+    <kernel>_epilogue_load(loaded, i, c0, c1, extras)    # element i's loads, raw
+    <kernel>_epilogue_apply(value, loaded, i, c0, c1, extras) -> result
 
 Loads are resolved per buffer: the template's output at the element's own position is
 ``value``; an earlier consumer's output at its own position is that consumer's result;
 any other buffer is an extra input, read through a flat view (``extras[i]``) at the
 storage index Inductor computes from the coordinates (a bias row or column, a residual,
-a broadcast scalar). The last consumer's buffer becomes the kernel's output; the
-template's own output and the intermediate buffers are never written. Storage indices
-are Int32 arithmetic when the buffer is known to hold fewer than 2**31 elements, Int64
-otherwise (so a huge residual never wraps around).
+a broadcast scalar). Extra inputs of float dtypes are read in the load phase into
+``loaded`` (one register fragment per distinct load, in the buffer's dtype, so nothing
+waits for the data until ``apply`` converts it); others are read inline by ``apply``.
+The last consumer's buffer becomes the kernel's output; the template's own output and
+the intermediate buffers are never written. Storage indices are Int32 arithmetic when
+the buffer is known to hold fewer than 2**31 elements, Int64 otherwise (so a huge
+residual never wraps around).
 
 Invariants: every consumer iterates over exactly the template output's shape, writes a
 contiguous buffer, reads the template output (or an earlier consumer) only at the
@@ -37,31 +44,47 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.virtualized import V
 
+from .defines import cutlass_dtype_name
 from .pointwise import translate_pointwise
 
 
 @dataclasses.dataclass
 class EpiloguePlan:
-    lines: list[str]  # body of the epilogue function
+    lines: list[str]  # body of the apply function
     result: str  # the temp holding the fp32 result
     extra_buffers: list[str]  # buffers read through ``extras``, in order
     output: Any  # the IR buffer that receives the fused result (None: no epilogue)
     fused_names: list[str]  # template and consumer buffers replaced by ``output``
+    # the load phase: (expression read from ``extras``, its dtype), one per register
+    # fragment ``loaded[j]``
+    register_loads: list[tuple[str, torch.dtype]] = dataclasses.field(default_factory=list)
 
     def function_source(self, name: str, rank: int) -> str:
-        """``@cute.jit def name(value, c0, ..., c<rank-1>, extras)``."""
-        params = ", ".join(["value", *coordinate_names(rank), "extras"])
-        body = [f"    {line}" for line in self.lines] or ["    pass"]
-        return "\n".join([
-            "@cute.jit",
-            f"def {name}({params}):",
-            *body,
-            f"    return {self.result}",
-        ]) + "\n"
+        """The four functions of the module docstring, ``name`` being the one-call form."""
+        coords = ", ".join(coordinate_names(rank))
+        fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(dtype)}), "
+                            for _, dtype in self.register_loads)
+        loads = [f"loaded[{j}][i] = {expr}" for j, (expr, _) in enumerate(self.register_loads)]
+        functions = [
+            (f"{name}_registers(count)", [f"return ({fragments})"]),
+            (f"{name}_load(loaded, i, {coords}, extras)", loads or ["pass"]),
+            (f"{name}_apply(value, loaded, i, {coords}, extras)",
+             [*self.lines, f"return {self.result}"]),
+            (f"{name}(value, {coords}, extras)", [
+                f"loaded = {name}_registers(1)",
+                f"{name}_load(loaded, 0, {coords}, extras)",
+                f"return {name}_apply(value, loaded, 0, {coords}, extras)"]),
+        ]
+        return "\n".join("\n".join(["@cute.jit", f"def {signature}:",
+                                     *(f"    {line}" for line in body)]) + "\n"
+                         for signature, body in functions)
 
 
 # what a template stores: the fused result is cast to the output's dtype
 OUTPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# extra inputs of these dtypes are read in the load phase, into register fragments
+REGISTER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 IDENTITY = EpiloguePlan(lines=[], result="value", extra_buffers=[], output=None, fused_names=[])
 
@@ -92,7 +115,7 @@ def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
         result = "epilogue_result"
     return EpiloguePlan(
         lines=lines, result=result, extra_buffers=loads.extra_buffers,
-        output=consumers[-1] if consumers else None,
+        register_loads=loads.register_loads, output=consumers[-1] if consumers else None,
         fused_names=[template_buffer.get_name()] + [c.get_name() for c in consumers[:-1]],
     )
 
@@ -110,6 +133,7 @@ class EpilogueLoads:
         self.values: dict[str, tuple[str, torch.dtype]] = {}
         self.positions: dict[str, Any] = {}
         self.extra_buffers: list[str] = []
+        self.register_loads: list[tuple[str, torch.dtype]] = []
         self.produced(template_buffer, "value", torch.float32)
 
     def produced(self, buffer: Any, expr: str, dtype: torch.dtype) -> None:
@@ -130,8 +154,14 @@ class EpilogueLoads:
         if not V.graph.sizevars.statically_known_lt(numel, 2**31):
             index = sympy.sympify(index).subs({c: sympy.Symbol(f"cutlass.Int64({c})")
                                                for c in self.coords})
-        expr = PythonPrinter().doprint(index)
-        return f"extras[{self.extra_buffers.index(name)}][{expr}]", V.graph.get_dtype(name)
+        dtype = V.graph.get_dtype(name)
+        read = (f"extras[{self.extra_buffers.index(name)}][{PythonPrinter().doprint(index)}]",
+                dtype)
+        if dtype not in REGISTER_DTYPES:
+            return read
+        if read not in self.register_loads:
+            self.register_loads.append(read)
+        return f"loaded[{self.register_loads.index(read)}][i]", dtype
 
 
 def _position(buffer: Any, coords: list[Any]) -> Any:

@@ -18,7 +18,8 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
   ``{{def_epilogue()}}``        defines ``<kernel_name>_epilogue(value, c0, .., extras)``:
                                 call it on each fp32 output value with the element's
                                 coordinates (outermost first) before the store; it applies
-                                the fused pointwise epilogue (identity when none)
+                                the fused pointwise epilogue (identity when none); also
+                                its load and apply phases (see ``template/epilogue.py``)
   ``{{epilogue_inputs()}}``     the ``extras`` tuple to pass it, built in the entry
 
 Invariants: rendering is pure (no global counters); the same template, parameters and

@@ -444,9 +444,10 @@ def coordinate_gemm_class():
             self.launch(mA, mB, mC, mBias, alpha, beta, stream, epi_args=(mRow, mCol))
 
         @cute.jit
-        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
+                        prefetched):
             Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
-                                 epi_args)
+                                 epi_args, prefetched)
             row, col = epi_args
             for i in cutlass.range(cute.size(acc), unroll_full=True):
                 m, n = coords[i][0], coords[i][1]

@@ -63,6 +63,23 @@ def test_scale_plus_residual_and_bias_read_extra_inputs(graph):
     assert plan.fused_names == [template_buffer.get_name(), scaled.get_name()]
 
 
+def test_float_inputs_load_ahead_and_a_bool_mask_inline(graph):
+    """The load phase reads each distinct float element once into registers; a bool
+    mask has no register fragment and is read where ``apply`` uses it."""
+    choice, out, template_buffer = add_output(graph)
+    residual = make_input(graph, "residual", (64, 128))
+    mask = make_input(graph, "mask", (64, 128), torch.bool)
+    add, mul = lowerings[aten.add.Tensor], lowerings[aten.mul.Tensor]
+    kept = lowerings[aten.where.self](mask, add(out, residual), mul(residual, 2.0))
+    plan, source = compile_fused(choice, template_buffer, [realized(kept)])
+    assert plan.extra_buffers == ["mask", "residual"]
+    assert plan.register_loads == [("extras[1][c1 + 128*c0]", torch.float32)]
+    load = source.split("_epilogue_load(")[1].split("@cute.jit")[0]
+    apply = source.split("_epilogue_apply(")[1].split("@cute.jit")[0]
+    assert "loaded[0][i] = extras[1][c1 + 128*c0]" in load and "extras[0]" not in load
+    assert "(extras[0][c1 + 128*c0]).to(cutlass.Boolean)" in apply and "extras[1]" not in apply
+
+
 def test_gelu_with_bias_fuses_into_the_gemm(graph):
     x = make_input(graph, "x", (256, 128), torch.bfloat16)
     w_t = make_input(graph, "w", (128, 384), torch.bfloat16, stride=(1, 128))

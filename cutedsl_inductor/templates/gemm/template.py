@@ -43,16 +43,28 @@ from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
 {{def_epilogue()}}
 
 class {{kernel_name}}_Gemm(Sm90Gemm):
+    # Tail-tile values are computed at the nearest valid coordinate (their loads stay in
+    # bounds) and then dropped by the store: no branches, loads the compiler can share.
     @cute.jit
-    def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+    def epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args):
+        loaded = {{kernel_name}}_epilogue_registers(cute.size(coords))
+        for i in cutlass.range(cute.size(coords), unroll_full=True):
+            mn = coords[i]
+            {{kernel_name}}_epilogue_load(
+                loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
+                min(mn[1], prob_n - 1), epi_args)
+        return (Sm90Gemm.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args),
+                loaded)
+
+    @cute.jit
+    def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
+                    prefetched):
         Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
-                             epi_args)
-        # Tail-tile values are computed at the nearest valid coordinate (their loads stay
-        # in bounds) and then dropped by the store: no branches, loads the compiler can share.
+                             epi_args, prefetched[0])
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             mn = coords[i]
-            acc[i] = {{kernel_name}}_epilogue(
-                acc[i], {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
+            acc[i] = {{kernel_name}}_epilogue_apply(
+                acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
                 min(mn[1], prob_n - 1), epi_args)
 {%- endif %}
 

@@ -55,7 +55,8 @@ def test_epilogue_hook_override_compiles():
                         epi_args=(mScale,))
 
         @cute.jit
-        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args):
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
+                        prefetched):
             m_scale = epi_args[0]
             for i in cutlass.range(cute.size(acc), unroll_full=True):
                 v = max(acc[i] * alpha, cutlass.Float32(0.0))
