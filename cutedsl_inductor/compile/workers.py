@@ -7,7 +7,8 @@ compiles it into the disk cache; the choice then loads the binary from there (a 
 hit, milliseconds). A kernel already in memory or on disk never goes to a worker, nor
 does an upstream-style entry (it compiles in its first call, not when loaded).
 
-A worker is ``python -m cutedsl_inductor.compile.workers``, started on first need and
+A worker is ``python -c "<import this module and serve()>"`` (not ``-m``, which would
+import the module twice: as ``__main__`` and through the package), started on first need and
 kept for the life of this process; requests and replies are pickles over its stdin and
 stdout (what it prints goes to stderr). Like Inductor's own compile workers it is a
 fresh interpreter, not a fork or a multiprocessing spawn: it never re-runs the user's
@@ -48,13 +49,17 @@ from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
 log = logging.getLogger(__name__)
 
 
+# What a worker process runs.
+WORKER_SOURCE = f"from {__name__} import serve; serve()"
+
+
 class _Worker:
     def __init__(self, arch: str) -> None:
         self.arch = arch
         self.ready = False
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.process = subprocess.Popen([sys.executable, "-m", __name__],
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER_SOURCE],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def build(self, request: Any) -> CuteDSLInductorError | str | None:
@@ -194,7 +199,7 @@ def _build(request: Any) -> CuteDSLInductorError | str | None:
     return None
 
 
-def _serve() -> None:
+def serve() -> None:
     """The worker's loop: one request in, one reply out, until the parent closes stdin."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
@@ -209,6 +214,3 @@ def _serve() -> None:
         pickle.dump(_build(request), replies)
         replies.flush()
 
-
-if __name__ == "__main__":
-    _serve()

@@ -114,3 +114,16 @@ def test_workers_that_cannot_start_leave_every_compile_to_this_process(
     assert first.failure is None and second.failure is None
     assert compiler.stats["compiled"] == 2  # here
     assert caplog.text.count("compile workers cannot start") == 1
+
+
+def test_a_worker_says_ready_and_warns_of_nothing():
+    """The worker command imports its module once (``python -m`` would import it twice,
+    as __main__ and through the package, and runpy would warn on every worker start)."""
+    import pickle
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                          workers.WORKER_SOURCE], input=b"", capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert pickle.loads(run.stdout) == workers._READY
+    assert b"Warning" not in run.stderr
