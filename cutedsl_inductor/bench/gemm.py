@@ -8,8 +8,8 @@ B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix (
 given; ``--shard K/N`` splits the suite across several runs (each writes its own CSV).
 For each shape: TFLOP/s of our best config (the heuristic's configs, each compiled
 through the template path and timed), of ``torch.mm`` (cuBLAS) and of Inductor's best
-Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; a CSV and a
-PNG plot go to ``--out``. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
+Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; the CSV in ``--out`` gets each row as it is measured (a run cut short keeps
+what it measured), the PNG plot comes at the end. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
 ``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
 writes them as one CSV and plot.
 """
@@ -111,9 +111,16 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+CSV_FIELDS = ["m", "n", "k", "dtype", "layout", "config", "ours", "cublas", "triton",
+              "vs_cublas", "vs_triton"]
+
+
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
-              with_triton: bool) -> list[dict[str, Any]]:
+              with_triton: bool, table: Any) -> list[dict[str, Any]]:
+    """Measure every shape x dtype x layout; each row goes to ``table`` (a file) at once."""
     rows = []
+    writer = csv.DictWriter(table, fieldnames=CSV_FIELDS)
+    writer.writeheader()
     print(HEADER, flush=True)
     for m, n, k in shapes:
         for dt in dtypes:
@@ -129,6 +136,8 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
                 row["vs_cublas"] = row["ours"] / row["cublas"]
                 row["vs_triton"] = row["ours"] / row["triton"]
                 rows.append(row)
+                writer.writerow(row)
+                table.flush()
                 print_row(row)
     return rows
 
@@ -147,12 +156,15 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+def write_csv(rows: list[dict[str, Any]], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "gemm_bench.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def write_plot(rows: list[dict[str, Any]], out: Path) -> None:
     try:
         import matplotlib
 
@@ -193,15 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print_row(row)
         print(summarize(rows))
-        write_outputs(rows, Path(args.out))
+        write_csv(rows, Path(args.out))
+        write_plot(rows, Path(args.out))
         return 0
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
         return 2
     index, count = (int(x) for x in args.shard.split("/"))
     shapes = (args.shapes or (QUICK if args.quick else SQUARES + LLM))[index - 1::count]
-    rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
-                     with_triton=not args.no_triton)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "gemm_bench.csv", "w", newline="") as table:
+        rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
+                         with_triton=not args.no_triton, table=table)
     print(summarize(rows))
-    write_outputs(rows, Path(args.out))
+    write_plot(rows, out)
     return 0

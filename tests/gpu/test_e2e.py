@@ -200,3 +200,14 @@ def test_consumer_of_a_template_stays_a_separate_kernel():
         result, code = compile_and_run(lambda a, b: torch.relu(a + b) * 2, x, y)
     torch.testing.assert_close(result, torch.relu(x + y) * 2, rtol=0, atol=0)
     assert "cutedsl_elementwise_add_" in code and "triton_poi_fused" in code
+
+
+def test_bench_gemm_writes_each_row_as_measured(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor", "bench", "gemm", "--shapes",
+                          "256x512x128,128x256x512", "--dtypes", "bf16", "--layouts", "nt",
+                          "--no-triton", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = (tmp_path / "gemm_bench.csv").read_text().splitlines()
+    assert lines[0].startswith("m,n,k,dtype,layout,config") and len(lines) == 3
+    assert "geomean vs cuBLAS" in run.stdout
