@@ -154,3 +154,21 @@ def test_a_fused_kernel_that_does_not_compile_stays_unfused(graph, monkeypatch, 
     assert [is_cutedsl_template(n) for n in nodes] == [True, False]
     assert "not fusing an epilogue into cutedsl_broken_epilogue_add_" in caplog.text
     assert "broken_epilogue_add" in caplog.text and ".py" in caplog.text  # template, file
+
+
+def test_the_fastest_ping_pong_choice_is_among_those_timed_with_the_epilogue(graph):
+    from cutedsl_inductor.inductor.multi_template import retime_candidates
+    from cutedsl_inductor.templates.gemm.template import gemm_choices
+    from tests.helpers import make_input, make_layout
+
+    x = make_input(graph, "x", (8192, 4096), torch.bfloat16)
+    w_t = make_input(graph, "w", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    ours = []  # in the heuristic's order, standing in for plain timings
+    gemm_choices(ours, "mm", [x, w_t], make_layout((8192, 4096), torch.bfloat16))
+    kinds = ["pp" if c.params["PINGPONG"] else "other" for c in ours]
+    assert kinds[:3] == ["other"] * 3 and "pp" in kinds  # the case that needs it
+    first_pingpong = ours[kinds.index("pp")]
+    assert retime_candidates(ours, 3) == ours[:2] + [first_pingpong]
+    assert retime_candidates(ours, 1) == ours[:1]
+    cooperative_only = [c for c in ours if not c.params["PINGPONG"]]
+    assert retime_candidates(cooperative_only, 3) == cooperative_only[:3]
