@@ -64,8 +64,8 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             mn = coords[i]
             acc[i] = {{kernel_name}}_epilogue_apply(
-                acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
-                min(mn[1], prob_n - 1), epi_args)
+                acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}
+                min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), epi_args)
 {%- endif %}
 
 @cute.jit
