@@ -55,6 +55,17 @@ def test_addmm_carries_alpha_beta_and_waits_for_the_expanded_bias(graph):
     assert choice.params["HAS_BIAS"] is True
 
 
+def test_addmm_with_an_unaligned_bias_keeps_its_choices(graph):
+    """TMA reads A and B only; the bias (here a view one element into its storage) goes
+    through plain loads whose declared alignment is the element's."""
+    a = make_input(graph, "a", (128, 256), torch.bfloat16)
+    b = make_input(graph, "b", (256, 512), torch.bfloat16)
+    bias = make_input(graph, "bias", (128, 512), torch.bfloat16, stride=(513, 1), offset=1)
+    assert offered("addmm", [bias, a, b], dict(alpha=1.0, beta=1.0))
+    a_view = make_input(graph, "a_view", (128, 256), torch.bfloat16, offset=1)
+    assert offered("addmm", [bias, a_view, b], dict(alpha=1.0, beta=1.0)) == []
+
+
 @pytest.mark.parametrize("reason", ["backend off", "no max-autotune", "fp32", "mixed",
                                     "misaligned", "no unit stride", "other arch",
                                     "runtime stride"])
