@@ -9,6 +9,8 @@ every output element, in fp32. In one call::
 or in two phases, so that a template can issue an element's global loads well before it
 computes (the GEMM loads a sub-tile's inputs while it stores the previous one)::
 
+    <kernel>_epilogue_touch(c0, c1, extras)              # L2 prefetch of the element's
+                                                         # lines (warm up a whole tile)
     loaded = <kernel>_epilogue_registers(count)          # registers for count elements
     <kernel>_epilogue_load(loaded, i, c0, c1, extras)    # element i's loads, raw
     <kernel>_epilogue_apply(value, loaded, i, c0, c1, extras) -> result
@@ -36,7 +38,7 @@ else -- and any op ``PointwiseToCuteDSL`` cannot translate -- raises
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import sympy
 import torch
@@ -48,6 +50,18 @@ from .defines import cutlass_dtype_name
 from .pointwise import translate_pointwise
 
 
+class RegisterLoad(NamedTuple):
+    """One element of extra input ``extras[extra]``, at storage index ``index`` (text)."""
+
+    extra: int
+    index: str
+    dtype: torch.dtype
+
+    @property
+    def expr(self) -> str:
+        return f"extras[{self.extra}][{self.index}]"
+
+
 @dataclasses.dataclass
 class EpiloguePlan:
     lines: list[str]  # body of the apply function
@@ -55,18 +69,20 @@ class EpiloguePlan:
     extra_buffers: list[str]  # buffers read through ``extras``, in order
     output: Any  # the IR buffer that receives the fused result (None: no epilogue)
     fused_names: list[str]  # template and consumer buffers replaced by ``output``
-    # the load phase: (expression read from ``extras``, its dtype), one per register
-    # fragment ``loaded[j]``
-    register_loads: list[tuple[str, torch.dtype]] = dataclasses.field(default_factory=list)
+    # the load phase, one register fragment ``loaded[j]`` per entry
+    register_loads: list[RegisterLoad] = dataclasses.field(default_factory=list)
 
     def function_source(self, name: str, rank: int) -> str:
-        """The four functions of the module docstring, ``name`` being the one-call form."""
+        """The five functions of the module docstring, ``name`` being the one-call form."""
         coords = ", ".join(coordinate_names(rank))
-        fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(dtype)}), "
-                            for _, dtype in self.register_loads)
-        loads = [f"loaded[{j}][i] = {expr}" for j, (expr, _) in enumerate(self.register_loads)]
+        fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(r.dtype)}), "
+                            for r in self.register_loads)
+        loads = [f"loaded[{j}][i] = {r.expr}" for j, r in enumerate(self.register_loads)]
+        touches = [f"cute.arch.prefetch((extras[{r.extra}].iterator + ({r.index})).llvm_ptr, "
+                   f'cache_level="L2")' for r in self.register_loads]
         functions = [
             (f"{name}_registers(count)", [f"return ({fragments})"]),
+            (f"{name}_touch({coords}, extras)", touches or ["pass"]),
             (f"{name}_load(loaded, i, {coords}, extras)", loads or ["pass"]),
             (f"{name}_apply(value, loaded, i, {coords}, extras)",
              [*self.lines, f"return {self.result}"]),
@@ -133,7 +149,7 @@ class EpilogueLoads:
         self.values: dict[str, tuple[str, torch.dtype]] = {}
         self.positions: dict[str, Any] = {}
         self.extra_buffers: list[str] = []
-        self.register_loads: list[tuple[str, torch.dtype]] = []
+        self.register_loads: list[RegisterLoad] = []
         self.produced(template_buffer, "value", torch.float32)
 
     def produced(self, buffer: Any, expr: str, dtype: torch.dtype) -> None:
@@ -154,14 +170,13 @@ class EpilogueLoads:
         if not V.graph.sizevars.statically_known_lt(numel, 2**31):
             index = sympy.sympify(index).subs({c: sympy.Symbol(f"cutlass.Int64({c})")
                                                for c in self.coords})
-        dtype = V.graph.get_dtype(name)
-        read = (f"extras[{self.extra_buffers.index(name)}][{PythonPrinter().doprint(index)}]",
-                dtype)
-        if dtype not in REGISTER_DTYPES:
-            return read
+        read = RegisterLoad(self.extra_buffers.index(name), PythonPrinter().doprint(index),
+                            V.graph.get_dtype(name))
+        if read.dtype not in REGISTER_DTYPES:
+            return read.expr, read.dtype
         if read not in self.register_loads:
             self.register_loads.append(read)
-        return f"loaded[{self.register_loads.index(read)}][i]", dtype
+        return f"loaded[{self.register_loads.index(read)}][i]", read.dtype
 
 
 def _position(buffer: Any, coords: list[Any]) -> Any:

@@ -73,7 +73,9 @@ def test_float_inputs_load_ahead_and_a_bool_mask_inline(graph):
     kept = lowerings[aten.where.self](mask, add(out, residual), mul(residual, 2.0))
     plan, source = compile_fused(choice, template_buffer, [realized(kept)])
     assert plan.extra_buffers == ["mask", "residual"]
-    assert plan.register_loads == [("extras[1][c1 + 128*c0]", torch.float32)]
+    assert [r.expr for r in plan.register_loads] == ["extras[1][c1 + 128*c0]"]
+    touch = source.split("_epilogue_touch(")[1].split("@cute.jit")[0]
+    assert "cute.arch.prefetch((extras[1].iterator + (c1 + 128*c0)).llvm_ptr" in touch
     load = source.split("_epilogue_load(")[1].split("@cute.jit")[0]
     apply = source.split("_epilogue_apply(")[1].split("@cute.jit")[0]
     assert "loaded[0][i] = extras[1][c1 + 128*c0]" in load and "extras[0]" not in load
