@@ -13,6 +13,9 @@ computes (the GEMM loads a sub-tile's inputs while it stores the previous one)::
                                                          # lines (warm up a whole tile)
     loaded = <kernel>_epilogue_registers(count)          # registers for count elements
     <kernel>_epilogue_load(loaded, i, c0, c1, extras)    # element i's loads, raw
+    <kernel>_epilogue_load_pair(loaded, i, c0, c1, extras)  # or elements i and i + 1 at
+                                   # (.., c1) and (.., c1 + 1), c1 even: one vector load
+                                   # where the input is contiguous along the last dimension
     <kernel>_epilogue_apply(value, loaded, i, c0, c1, extras) -> result
 
 Loads are resolved per buffer: the template's output at the element's own position is
@@ -51,11 +54,16 @@ from .pointwise import translate_pointwise
 
 
 class RegisterLoad(NamedTuple):
-    """One element of extra input ``extras[extra]``, at storage index ``index`` (text)."""
+    """One element of extra input ``extras[extra]``, at storage index ``index`` (text);
+    ``next_index`` is that of the element one step on along the last coordinate, and
+    ``contiguous`` says that it is ``index + 1`` and that ``index`` is even whenever the
+    last coordinate is (so one aligned vector load reads both)."""
 
     extra: int
     index: str
     dtype: torch.dtype
+    next_index: str
+    contiguous: bool
 
     @property
     def expr(self) -> str:
@@ -73,17 +81,27 @@ class EpiloguePlan:
     register_loads: list[RegisterLoad] = dataclasses.field(default_factory=list)
 
     def function_source(self, name: str, rank: int) -> str:
-        """The five functions of the module docstring, ``name`` being the one-call form."""
+        """The six functions of the module docstring, ``name`` being the one-call form."""
         coords = ", ".join(coordinate_names(rank))
         fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(r.dtype)}), "
                             for r in self.register_loads)
         loads = [f"loaded[{j}][i] = {r.expr}" for j, r in enumerate(self.register_loads)]
         touches = [f"cute.arch.prefetch((extras[{r.extra}].iterator + ({r.index})).llvm_ptr, "
                    f'cache_level="L2")' for r in self.register_loads]
+        pairs = []
+        for j, r in enumerate(self.register_loads):
+            if r.contiguous:
+                pairs += [f"pair{j} = cute.make_tensor(extras[{r.extra}].iterator + cute.assume("
+                          f"{r.index}, divby=2), cute.make_layout(2)).load()",
+                          f"loaded[{j}][i] = pair{j}[0]", f"loaded[{j}][i + 1] = pair{j}[1]"]
+            else:
+                pairs += [f"loaded[{j}][i] = {r.expr}",
+                          f"loaded[{j}][i + 1] = extras[{r.extra}][{r.next_index}]"]
         functions = [
             (f"{name}_registers(count)", [f"return ({fragments})"]),
             (f"{name}_touch({coords}, extras)", touches or ["pass"]),
             (f"{name}_load(loaded, i, {coords}, extras)", loads or ["pass"]),
+            (f"{name}_load_pair(loaded, i, {coords}, extras)", pairs or ["pass"]),
             (f"{name}_apply(value, loaded, i, {coords}, extras)",
              [*self.lines, f"return {self.result}"]),
             (f"{name}(value, {coords}, extras)", [
@@ -166,12 +184,19 @@ class EpilogueLoads:
             raise NotImplementedError(f"index of {name} needs runtime sizes ({index})")
         if name not in self.extra_buffers:
             self.extra_buffers.append(name)
+        index = sympy.sympify(index)
+        last = self.coords[-1]
+        next_index = index.subs(last, last + 1)
+        contiguous = (sympy.expand(next_index - index) == 1 and all(
+            coefficient.is_integer and coefficient % 2 == 0
+            for coefficient in sympy.expand(index - last).as_coefficients_dict().values()))
         numel = V.graph.get_buffer(name).get_layout().storage_size()
         if not V.graph.sizevars.statically_known_lt(numel, 2**31):
-            index = sympy.sympify(index).subs({c: sympy.Symbol(f"cutlass.Int64({c})")
-                                               for c in self.coords})
-        read = RegisterLoad(self.extra_buffers.index(name), PythonPrinter().doprint(index),
-                            V.graph.get_dtype(name))
+            wide = {c: sympy.Symbol(f"cutlass.Int64({c})") for c in self.coords}
+            index, next_index = index.subs(wide), next_index.subs(wide)
+        printer = PythonPrinter()
+        read = RegisterLoad(self.extra_buffers.index(name), printer.doprint(index),
+                            V.graph.get_dtype(name), printer.doprint(next_index), contiguous)
         if read.dtype not in REGISTER_DTYPES:
             return read.expr, read.dtype
         if read not in self.register_loads:

@@ -76,10 +76,27 @@ def test_float_inputs_load_ahead_and_a_bool_mask_inline(graph):
     assert [r.expr for r in plan.register_loads] == ["extras[1][c1 + 128*c0]"]
     touch = source.split("_epilogue_touch(")[1].split("@cute.jit")[0]
     assert "cute.arch.prefetch((extras[1].iterator + (c1 + 128*c0)).llvm_ptr" in touch
+    pair = source.split("_epilogue_load_pair(")[1].split("@cute.jit")[0]
+    assert "cute.assume(c1 + 128*c0, divby=2), cute.make_layout(2)).load()" in pair
     load = source.split("_epilogue_load(")[1].split("@cute.jit")[0]
     apply = source.split("_epilogue_apply(")[1].split("@cute.jit")[0]
     assert "loaded[0][i] = extras[1][c1 + 128*c0]" in load and "extras[0]" not in load
     assert "(extras[0][c1 + 128*c0]).to(cutlass.Boolean)" in apply and "extras[1]" not in apply
+
+
+def test_pair_loads_of_inputs_not_contiguous_along_the_row_read_two_elements(graph):
+    """A per-row vector (the same element for both columns) and an odd-offset view
+    cannot be read as one aligned pair."""
+    choice, out, template_buffer = add_output(graph)
+    per_row = make_input(graph, "per_row", (64, 1))
+    shifted = make_input(graph, "shifted", (64, 128), offset=1)
+    add = lowerings[aten.add.Tensor]
+    total = realized(add(add(out, per_row), shifted))
+    plan, source = compile_fused(choice, template_buffer, [total])
+    assert [r.contiguous for r in plan.register_loads] == [False, False]
+    pair = source.split("_epilogue_load_pair(")[1].split("@cute.jit")[0]
+    assert "loaded[0][i + 1] = extras[0][c0]" in pair
+    assert "loaded[1][i + 1] = extras[1][2 + c1 + 128*c0]" in pair
 
 
 def test_gelu_with_bias_fuses_into_the_gemm(graph):

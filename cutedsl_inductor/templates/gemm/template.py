@@ -53,11 +53,20 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     @cute.jit
     def epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args):
         loaded = {{kernel_name}}_epilogue_registers(cute.size(coords))
-        for i in cutlass.range(cute.size(coords), unroll_full=True):
-            mn = coords[i]
-            {{kernel_name}}_epilogue_load(
-                loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
-                min(mn[1], prob_n - 1), epi_args)
+        if cutlass.const_expr(self.store == "tma"):
+            # Values 2j and 2j + 1 sit in adjacent columns (the accumulator's layout) and
+            # N is a multiple of 4 here: one load per pair, its column clamped to N - 2.
+            for j in cutlass.range(cute.size(coords) // 2, unroll_full=True):
+                mn = coords[2 * j]
+                {{kernel_name}}_epilogue_load_pair(
+                    loaded, 2 * j, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
+                    min(mn[1], prob_n - 2), epi_args)
+        else:
+            for i in cutlass.range(cute.size(coords), unroll_full=True):
+                mn = coords[i]
+                {{kernel_name}}_epilogue_load(
+                    loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
+                    min(mn[1], prob_n - 1), epi_args)
         return (Sm90Gemm.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args),
                 loaded)
 

@@ -391,3 +391,8 @@ def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
     trace()
     assert result["got"] == result["want"]
     assert len(set(result["got"])) == len(result["got"]) == result["size"]
+    # values 2j and 2j + 1 of a sub-tile are a column pair (m, n), (m, n + 1), n even:
+    # the fused epilogue reads its inputs for both with one vector load
+    got = result["got"]
+    assert all(second == (first[0], first[1] + 1) and first[1] % 2 == 0
+               for first, second in zip(got[::2], got[1::2]))
