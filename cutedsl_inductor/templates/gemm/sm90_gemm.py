@@ -694,14 +694,31 @@ class Sm90Gemm:
         The kernel calls it one sub-tile ahead (the first sub-tile's while the tile's
         last WGMMAs run), so the loads' latency hides behind the previous sub-tile's
         store instead of stalling every sub-tile.  Same coordinate rules as
-        :meth:`epilogue_op`.  Default: the bias values, or None.
+        :meth:`epilogue_op`.  Default: the bias values, or None; with the TMA store
+        (N even) and a unit column stride, two columns per load: values 2j and 2j + 1
+        are columns n and n + 1, n even (the accumulator's layout), and the load is one
+        vector load wherever the bias's other strides and base let the compiler prove
+        it aligned.
         """
         bias = None
         if cutlass.const_expr(mBias is not None):
-            bias = cute.make_rmem_tensor((cute.size(coords),), mBias.element_type)
-            for i in cutlass.range(cute.size(coords), unroll_full=True):
-                mn = coords[i]
-                bias[i] = mBias[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
+            size = cute.size(coords)
+            bias = cute.make_rmem_tensor((size,), mBias.element_type)
+            column_stride = mBias.layout.stride[1]
+            if cutlass.const_expr(self.store == "tma" and cute.is_static(column_stride)
+                                  and column_stride == 1):
+                for j in cutlass.range(size // 2, unroll_full=True):
+                    mn = coords[2 * j]
+                    n = cute.assume(min(mn[1], prob_n - 2), divby=2)
+                    offset = cute.crd2idx((min(mn[0], prob_m - 1), n, l_idx), mBias.layout)
+                    pair = cute.make_tensor(mBias.iterator + offset,
+                                            cute.make_layout(2)).load()
+                    bias[2 * j] = pair[0]
+                    bias[2 * j + 1] = pair[1]
+            else:
+                for i in cutlass.range(size, unroll_full=True):
+                    mn = coords[i]
+                    bias[i] = mBias[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
         return bias
 
     @cute.jit
