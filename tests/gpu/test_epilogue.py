@@ -115,3 +115,19 @@ def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
     result, code = compiled_with_fusion(fn, x, w, b, r, rows)
     assert "_epilogue(" in code
     assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "odd row stride", "odd offset"])
+def test_residual_views_read_in_column_pairs_match_eager(layout):
+    """The epilogue and addmm's bias read two columns per load where alignment allows;
+    views whose row stride or offset is odd take the two-element path."""
+    m, n = 256, 384
+    x, w = randn(m, 512), randn(n, 512)
+    base = randn(m, n + 1)
+    r = {"contiguous": randn(m, n), "odd row stride": base[:, :n],
+         "odd offset": base[:, 1:]}[layout]
+    for fn in (lambda x, w, r: torch.relu(x @ w.t()) + r,  # r an extra input
+               lambda x, w, r: torch.addmm(r, x, w.t())):  # r the GEMM's bias
+        result, code = compiled_with_fusion(fn, x, w, r)
+        assert "cutedsl_sm90_gemm" in code
+        assert relative_error(result, fn(x, w, r)) < 1e-2
