@@ -87,19 +87,16 @@ Design
   mainloop over its own contiguous, balanced range of K tiles (empty when K
   has fewer tiles than ``split_k``: its partial sum is then zero), with TMA
   multicast among the CTAs of the same rank, as without split-K.  No workspace, no atomics: each
-  CTA has a dedicated fp32 reduction buffer in smem (the ring cannot serve,
-  the producer already prefetches the next tile into it) holding 1/rounds of
-  an accumulator tile: a round exchanges one share of the fragment, the
-  fewest rounds that leave 3 pipeline stages (1 up to 128x128, 2 for
-  128x192, 4 for 128x256).  Reduce-scatter, per round: every CTA writes its
-  share into its own buffer and arrives (release, cluster scope) on each
-  peer's "ready" mbarrier; epilogue unit u (the fragment's values
-  [16u, 16u + 16): one store sub-tile) belongs to rank u % split_k, which
-  waits on its "ready", adds the peers' values of its units into ``acc``
-  through DSMEM (``ld.shared::cluster``, same per-thread layout) and arrives
-  on each peer's "free" mbarrier; a CTA waits on its "free" before it
-  rewrites its buffer (next round or tile) and before it exits.  The
-  barriers' phases count exchanges (tiles x rounds).  Each CTA then runs
+  CTA has a dedicated fp32 reduction buffer in smem (one accumulator tile;
+  the ring cannot serve, the producer already prefetches the next tile
+  into it).  Reduce-scatter: every CTA writes its fragment into its own
+  buffer and arrives (release, cluster scope) on each peer's "ready"
+  mbarrier; epilogue unit u (the fragment's values [16u, 16u + 16): one
+  store sub-tile) belongs to rank u % split_k, which waits on its "ready",
+  adds the peers' values of its units into ``acc`` through DSMEM
+  (``ld.shared::cluster``, same per-thread fragment layout) and arrives on
+  each peer's "free" mbarrier; a CTA waits on its "free" before it rewrites
+  its buffer for the next tile and before it exits.  Each CTA then runs
   ``epilogue_op`` and the store for its own units only, so the hook sees
   each full sum exactly once, and the reduction's DSMEM reads and the
   epilogue are spread over the cluster.  The persistent walk and the
@@ -116,9 +113,9 @@ Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
   M, N, K >= 1.  ``make_fake_gemm_args`` declares exactly these contracts
   with ``cute.sym_int32/sym_int64(divisibility=...)``.
 
-* ``split_k`` in ``SPLIT_K_CHOICES``; > 1 only with ``cluster_m * cluster_n *
-  split_k <= 8``, without ping-pong, and if two stages still fit next to the
-  reduction buffer (``tile_m * tile_n * 4 / rounds`` bytes).
+* ``split_k`` in ``SPLIT_K_CHOICES``; > 1 only with ``cluster_m ==
+  cluster_n == 1`` and if two stages still fit next to the reduction buffer
+  (``tile_m * tile_n * 4`` bytes; so not with a 128x256 or 256x128 tile).
 
 Failure semantics: invalid constructor parameters raise ``ValueError``
 immediately; unsupported dtypes/layouts found while tracing ``__call__``
@@ -184,9 +181,6 @@ _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 # Column step of the L2 warm-up points (64 bytes of a 16-bit input, 128 of fp32).
 _TOUCH_COLUMNS = 32
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
-# Split-K: the reduction buffer shrinks (more exchange rounds per tile) until this many
-# pipeline stages fit next to it.
-_SPLIT_K_MIN_STAGES = 3
 
 _DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16", "BFloat16": "bf16",
@@ -267,8 +261,7 @@ class Sm90Gemm:
         are reduced through distributed shared memory, each CTA summing
         and storing its share of the tile's epilogue sub-tiles.  One of
         ``SPLIT_K_CHOICES``; > 1 needs ``cluster_m * cluster_n * split_k <= 8``
-        and an smem reduction buffer of ``tile_m * tile_n * 4 / rounds`` bytes
-        (rounds: see :meth:`_reduce_rounds`).
+        and a ``tile_m * tile_n * 4``-byte smem reduction buffer (fewer stages).
     :param store: epilogue store path.  "tma" (default, fast): smem + TMA
         store; needs ``N * sizeof(C)`` to be a multiple of 16 bytes, because
         the TMA store clips the N tail only to 16-byte granularity (it would
@@ -386,10 +379,7 @@ class Sm90Gemm:
         # smem feasibility with the widest supported output (fp32); ping-pong
         # keeps one epilogue buffer per consumer warpgroup.
         epi_wgs = 2 if pingpong else wgs
-        rounds = Sm90Gemm._reduce_rounds(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages,
-                                         split_k)
-        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k,
-                                rounds) < 2:
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k) < 2:
             extra = " next to the split-K reduction buffer" if split_k > 1 else ""
             return f"tile does not fit two pipeline stages in shared memory{extra}"
         return None
@@ -400,35 +390,16 @@ class Sm90Gemm:
         return 64 * wgs * 32 * c_bytes * epi_stages
 
     @staticmethod
-    def _reduce_bytes(tile_m: int, tile_n: int, split_k: int, rounds: int) -> int:
-        """The split-K reduction buffer: ``1 / rounds`` of an fp32 accumulator tile
-        (none without split)."""
-        return tile_m * tile_n * 4 // rounds if split_k > 1 else 0
-
-    @staticmethod
-    def _reduce_rounds(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int, c_bytes: int,
-                       wgs: int, requested: int, split_k: int) -> int:
-        """Exchange rounds per tile of the split-K reduce-scatter: the fewest (a divisor
-        of the thread's epilogue units) whose buffer leaves the requested stages, else
-        ``_SPLIT_K_MIN_STAGES``, else the most; 1 without split-K."""
-        units = tile_m * tile_n // (wgs * _THREADS_PER_WG * _EPI_UNIT)
-        rounds = [r for r in (1, 2, 4, 8) if units % r == 0]
-        if split_k == 1:
-            return 1
-        for r in rounds:
-            fit = Sm90Gemm._num_stages(tile_m, tile_n, tile_k, ab_bytes, c_bytes, wgs, 0,
-                                       split_k, r)
-            if fit >= (requested or _SPLIT_K_MIN_STAGES):
-                return r
-        return rounds[-1]
+    def _reduce_bytes(tile_m: int, tile_n: int, split_k: int) -> int:
+        """The split-K reduction buffer: one fp32 accumulator tile (none without split)."""
+        return tile_m * tile_n * 4 if split_k > 1 else 0
 
     @staticmethod
     def _num_stages(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int,
-                    c_bytes: int, wgs: int, requested: int, split_k: int = 1,
-                    rounds: int = 1) -> int:
+                    c_bytes: int, wgs: int, requested: int, split_k: int = 1) -> int:
         per_stage = (tile_m + tile_n) * tile_k * ab_bytes
         budget = (SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
-                  - Sm90Gemm._reduce_bytes(tile_m, tile_n, split_k, rounds))
+                  - Sm90Gemm._reduce_bytes(tile_m, tile_n, split_k))
         fit = budget // per_stage
         if requested:
             return requested if requested <= fit else 0
@@ -505,12 +476,9 @@ class Sm90Gemm:
         self.a_layout, self.b_layout = a_layout, b_layout
         ab_bytes = a_dtype.width // 8
         c_bytes = c_dtype.width // 8
-        self.reduce_rounds = self._reduce_rounds(
-            self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages, self.split_k)
         self.stages = self._num_stages(
             self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages, self.split_k, self.reduce_rounds,
+            self.num_consumer_wgs, self.requested_stages, self.split_k,
         )
         if self.stages < 2:
             raise ValueError(
@@ -591,8 +559,7 @@ class Sm90Gemm:
 
         stages = self.stages
         c_smem_elems = cute.cosize(self.sC_layout) if self.store == "tma" else 8
-        reduce_elems = max(
-            self._reduce_bytes(tm, tn, self.split_k, self.reduce_rounds) // 4, 4)
+        reduce_elems = max(self._reduce_bytes(tm, tn, self.split_k) // 4, 4)
 
         @cute.struct
         class GemmSmem:
@@ -941,16 +908,14 @@ class Sm90Gemm:
             k_blocks = cute.size(tCrA, mode=[2])
             num_units = cute.size(acc) // _EPI_UNIT
             if cutlass.const_expr(split > 1):
-                # Split-K reduction buffer, one round's share of the fragment (its
-                # values [r * share, (r + 1) * share) in round r): thread t's value v
-                # of the share sits at (v // 4) * 4T + 4t + v % 4 (T consumer
-                # threads), so every access is a 16-byte vector and a warp's accesses
-                # are contiguous.
-                share = cute.size(acc) // self.reduce_rounds
-                acc_flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+                # Split-K reduction buffer: thread t's fragment element v sits at
+                # (v // 4) * 4T + 4t + v % 4 (T consumer threads), so every access
+                # is a 16-byte vector and a warp's accesses are contiguous.
+                frag = cute.size(acc)
+                acc_flat = cute.make_tensor(acc.iterator, cute.make_layout(frag))
                 partial = cute.make_rmem_tensor((_EPI_UNIT,), self.acc_dtype)
                 nthr = self.num_consumer_threads
-                reduce_layout = cute.make_layout(((4, share // 4), nthr),
+                reduce_layout = cute.make_layout(((4, frag // 4), nthr),
                                                  stride=((1, 4 * nthr), 4))
                 reduce_ptr = smem.reduce_buf.data_ptr()
                 my_slot = cute.make_tensor(reduce_ptr, reduce_layout)[(None, ctid)]
@@ -1056,53 +1021,42 @@ class Sm90Gemm:
                     self.pingpong_skip_stages(read_state, free_state, k_tiles)
 
                 if cutlass.const_expr(split > 1):
-                    # ---------------- split-K: reduce-scatter over the cluster, in
-                    # ``rounds`` exchanges of one share of the fragment each.
-                    # (Sizes from self: ints assigned under a const_expr branch reach
-                    # the loop as dynamic values.)
-                    rounds = self.reduce_rounds
-                    share = cute.size(acc) // rounds
-                    round_units = num_units // rounds
-                    for r in cutlass.range_constexpr(rounds):
-                        exchange = tiles_done * rounds + r
-                        # Publish this share once the peers have read the last one.
-                        cute.arch.mbarrier_wait(reduce_free, (exchange + 1) % 2)
-                        cute.arch.fence_acq_rel_cluster()  # the peers' reads, then ours
-                        cute.autovec_copy(self._epi_slice(acc_flat, r, (share,)), my_slot)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            cute.arch.fence_acq_rel_cluster()
-                            for peer in cutlass.range_constexpr(split):
-                                if peer != split_rank:
-                                    cute.arch.mbarrier_arrive(
-                                        reduce_ready, split_base + self.cluster_m * peer,
-                                        scope=nvvm.MemScopeKind.CLUSTER)
-                        # Add the peers' partials of the share's units this CTA owns.
-                        cute.arch.mbarrier_wait(reduce_ready, exchange % 2)
+                    # ---------------- split-K: reduce-scatter over the cluster.  Publish
+                    # this tile's partial sums once the peers have read the last ones.
+                    cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
+                    cute.arch.fence_acq_rel_cluster()  # the peers' reads before our writes
+                    cute.autovec_copy(acc_flat, my_slot)
+                    cute.arch.sync_warp()
+                    if lane == 0:
                         cute.arch.fence_acq_rel_cluster()
-                        for j in cutlass.range_constexpr(round_units):
-                            u = r * round_units + j
-                            if u % split == split_rank:
-                                for peer in cutlass.range_constexpr(split):
-                                    if peer != split_rank:
-                                        peer_slot = cute.make_tensor(
-                                            cute.arch.map_dsmem_ptr(
-                                                reduce_ptr,
-                                                split_base + self.cluster_m * peer),
-                                            reduce_layout)[(None, ctid)]
-                                        cute.autovec_copy(
-                                            self._epi_slice(peer_slot, j, (_EPI_UNIT,)),
-                                            partial)
-                                        for v in cutlass.range_constexpr(_EPI_UNIT):
-                                            acc_flat[u * _EPI_UNIT + v] += partial[v]
-                        # Each warp hands the peers' buffers back once it has read them.
-                        cute.arch.sync_warp()
-                        if lane == 0:
+                        for peer in cutlass.range_constexpr(split):
+                            if peer != split_rank:
+                                cute.arch.mbarrier_arrive(
+                                    reduce_ready, split_base + self.cluster_m * peer,
+                                    scope=nvvm.MemScopeKind.CLUSTER)
+                    # Add the peers' partials of the epilogue units this CTA owns.
+                    cute.arch.mbarrier_wait(reduce_ready, tiles_done % 2)
+                    cute.arch.fence_acq_rel_cluster()
+                    for u in cutlass.range_constexpr(num_units):
+                        if u % split == split_rank:
                             for peer in cutlass.range_constexpr(split):
                                 if peer != split_rank:
-                                    cute.arch.mbarrier_arrive(
-                                        reduce_free, split_base + self.cluster_m * peer,
-                                        scope=nvvm.MemScopeKind.CLUSTER)
+                                    peer_slot = cute.make_tensor(
+                                        cute.arch.map_dsmem_ptr(
+                                            reduce_ptr, split_base + self.cluster_m * peer),
+                                        reduce_layout)[(None, ctid)]
+                                    cute.autovec_copy(
+                                        self._epi_slice(peer_slot, u, (_EPI_UNIT,)), partial)
+                                    for v in cutlass.range_constexpr(_EPI_UNIT):
+                                        acc_flat[u * _EPI_UNIT + v] += partial[v]
+                    # Each warp hands the peers' buffers back once it has read them.
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        for peer in cutlass.range_constexpr(split):
+                            if peer != split_rank:
+                                cute.arch.mbarrier_arrive(
+                                    reduce_free, split_base + self.cluster_m * peer,
+                                    scope=nvvm.MemScopeKind.CLUSTER)
 
                 # Epilogue unit u (16 values per thread: a TMA-store sub-tile or a
                 # direct-store chunk, both the fragment's values [16u, 16u + 16))
@@ -1172,8 +1126,7 @@ class Sm90Gemm:
                 linear += walk_stride
             if cutlass.const_expr(split > 1):
                 # A CTA may exit only after its peers have read its last partials.
-                cute.arch.mbarrier_wait(reduce_free,
-                                        (tiles_done * self.reduce_rounds + 1) % 2)
+                cute.arch.mbarrier_wait(reduce_free, (tiles_done + 1) % 2)
             if cutlass.const_expr(self.store == "tma"):
                 if warp == store_warp:
                     store_pipe.producer_tail()
@@ -1222,11 +1175,6 @@ _SPLIT_K_BASE_CONFIGS = [
     # Pairs of M tiles that multicast B (the large operand at small M) to each other.
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
-    # Wider tiles read less per FLOP from L2 (at 256x4096x14336 the 128x128 split is
-    # bound there); their partials are exchanged in rounds (2 for 128x192, 4 for 128x256).
-    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
-    dict(tile_m=128, tile_n=192, tile_k=64, cluster_m=1, cluster_n=2, cooperative=True, raster="n"),
-    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=True, raster="n"),
 ]
 _SPLIT_K_FACTORS = (2, 4, 8)
 # Split-K is considered while the output tiles fill less than this fraction of the SMs.

@@ -218,11 +218,6 @@ SPLIT_K_CASES = [  # (config, A major, B major, bias dtype)
           split_k=4), "k", "n", "bf16"),
     (dict(tile_m=64, tile_n=128, tile_k=64, cluster_n=2, cooperative=False, raster="n",
           split_k=2, store="direct"), "m", "k", None),
-    # Reduced in rounds: 4 for 128x256, 2 for 128x192.
-    (dict(tile_m=128, tile_n=256, tile_k=64, cooperative=True, raster="m", split_k=4),
-     "k", "k", None),
-    (dict(tile_m=128, tile_n=192, tile_k=64, cluster_n=2, cooperative=True, raster="n",
-          split_k=2, store="direct"), "m", "n", "bf16"),
 ]
 
 
@@ -243,10 +238,8 @@ def test_split_k_config_errors():
     assert "more than 8" in Sm90Gemm.config_error(split_k=8, cluster_m=2)
     assert "more than 8" in Sm90Gemm.config_error(split_k=4, cluster_m=2, cluster_n=2)
     assert Sm90Gemm.config_error(split_k=4, cluster_m=2) is None
-    # A 128x256 tile's partials go in 4 rounds, leaving 3 stages; no more fit.
-    assert Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2) is None
-    assert "reduction buffer" in Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2,
-                                                       stages=4)
+    # The fp32 reduction buffer of a 128x256 tile leaves no room for two stages.
+    assert "reduction buffer" in Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2)
     assert Sm90Gemm.config_error(tile_m=128, tile_n=128, split_k=4) is None
     with pytest.raises(ValueError):
         Sm90Gemm(split_k=8, cluster_n=2)
@@ -254,17 +247,6 @@ def test_split_k_config_errors():
     assert Sm90Gemm(tile_m=128, tile_n=128, split_k=2).max_active_clusters == 132 // 2
     assert Sm90Gemm(tile_m=128, tile_n=128, split_k=4).max_active_clusters < 132 // 4
     assert Sm90Gemm(tile_m=128, tile_n=128, split_k=2, cluster_m=2).max_active_clusters < 132 // 4
-
-
-@pytest.mark.parametrize("tile_m,tile_n,cooperative,rounds", [
-    (64, 128, False, 1), (128, 128, True, 1), (128, 192, True, 2), (128, 256, True, 4),
-    (256, 128, True, 4)])
-def test_split_k_reduction_rounds_leave_three_stages(tile_m, tile_n, cooperative, rounds):
-    """The fewest rounds whose buffer leaves 3 stages (bf16 in and out); none unsplit."""
-    wgs = 2 if cooperative else 1
-    assert Sm90Gemm._reduce_rounds(tile_m, tile_n, 64, 2, 2, wgs, 0, 2) == rounds
-    assert Sm90Gemm._num_stages(tile_m, tile_n, 64, 2, 2, wgs, 0, 2, rounds) >= 3
-    assert Sm90Gemm._reduce_rounds(tile_m, tile_n, 64, 2, 2, wgs, 0, 1) == 1
 
 
 @pytest.mark.parametrize("cluster_m,cluster_n,split_k", [(2, 1, 4), (1, 2, 2), (2, 2, 2), (1, 1, 8)])
