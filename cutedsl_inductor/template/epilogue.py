@@ -9,8 +9,6 @@ every output element, in fp32. In one call::
 or in two phases, so that a template can issue an element's global loads well before it
 computes (the GEMM loads a sub-tile's inputs while it stores the previous one)::
 
-    <kernel>_epilogue_touch(c0, c1, extras)              # L2 prefetch of the element's
-                                                         # lines (warm up a whole tile)
     loaded = <kernel>_epilogue_registers(count)          # registers for count elements
     <kernel>_epilogue_load(loaded, i, c0, c1, extras)    # element i's loads, raw
     <kernel>_epilogue_load_pair(loaded, i, c0, c1, extras)  # or elements i and i + 1 at
@@ -81,13 +79,11 @@ class EpiloguePlan:
     register_loads: list[RegisterLoad] = dataclasses.field(default_factory=list)
 
     def function_source(self, name: str, rank: int) -> str:
-        """The six functions of the module docstring, ``name`` being the one-call form."""
+        """The five functions of the module docstring, ``name`` being the one-call form."""
         coords = ", ".join(coordinate_names(rank))
         fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(r.dtype)}), "
                             for r in self.register_loads)
         loads = [f"loaded[{j}][i] = {r.expr}" for j, r in enumerate(self.register_loads)]
-        touches = [f"cute.arch.prefetch((extras[{r.extra}].iterator + ({r.index})).llvm_ptr, "
-                   f'cache_level="L2")' for r in self.register_loads]
         pairs = []
         for j, r in enumerate(self.register_loads):
             if r.contiguous:
@@ -99,7 +95,6 @@ class EpiloguePlan:
                           f"loaded[{j}][i + 1] = extras[{r.extra}][{r.next_index}]"]
         functions = [
             (f"{name}_registers(count)", [f"return ({fragments})"]),
-            (f"{name}_touch({coords}, extras)", touches or ["pass"]),
             (f"{name}_load(loaded, i, {coords}, extras)", loads or ["pass"]),
             (f"{name}_load_pair(loaded, i, {coords}, extras)", pairs or ["pass"]),
             (f"{name}_apply(value, loaded, i, {coords}, extras)",

@@ -138,11 +138,11 @@ loads go in :meth:`Sm90Gemm.epilogue_prefetch` (called with the same
 coordinates one sub-tile earlier; what it returns reaches ``epilogue_op`` as
 ``prefetched``): without split-K the kernel issues them while it stores the
 previous sub-tile (the first sub-tile's while the last WGMMAs run), so their
-latency is not paid once per sub-tile; :meth:`Sm90Gemm.epilogue_touch`
-(L2 prefetches of the inputs at points covering the tile, issued when the
-tile starts) lets those loads hit L2.  On the H200 at 8192x4096x4096 the
+latency is not paid once per sub-tile.  On the H200 at 8192x4096x4096 the
 prefetch took a per-column bias from 1.03x to 1.01x of the plain GEMM's
-time (cooperative 128x256; ``benchmarks/epilogue_cost.py``).
+time (cooperative 128x256; ``benchmarks/epilogue_cost.py``).  An L2
+warm-up of the tile's inputs when the tile starts was measured too, and
+dropped: a residual's cost rose from 1.07x to 1.08x.
 """
 
 from __future__ import annotations
@@ -178,8 +178,6 @@ _MAX_CLUSTER_CTAS = 8  # the portable cluster size
 # ``epi_tile`` or a direct-store chunk): the fragment's values [16u, 16u + 16).
 _EPI_UNIT = 16
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
-# Column step of the L2 warm-up points (64 bytes of a 16-bit input, 128 of fp32).
-_TOUCH_COLUMNS = 32
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
 
 _DTYPE_ALIASES = {
@@ -628,31 +626,6 @@ class Sm90Gemm:
 
     # -------------------------------------------------------------- epilogue
     @cute.jit
-    def epilogue_touch(self, m, n, l_idx, mBias, epi_args):
-        """Fusion hook, L2 warm-up: prefetch into L2 the lines of the epilogue's inputs
-        at ``(m, n, l_idx)`` (inside the problem).  Called at the start of a tile, for
-        points one row and 32 columns apart that cover it, so that the tile's inputs
-        stream in from DRAM while its mainloop runs and :meth:`epilogue_prefetch`'s
-        loads hit L2.  A hint: it reads nothing.  Default: the bias line."""
-        if cutlass.const_expr(mBias is not None):
-            cute.arch.prefetch(
-                (mBias.iterator + cute.crd2idx((m, n, l_idx), mBias.layout)).llvm_ptr,
-                cache_level="L2")
-
-    @cute.jit
-    def warm_epilogue_inputs(self, m_t, n_t, l_idx, ctid, prob_m, prob_n, mBias, epi_args):
-        """Thread ``ctid`` of the tile's threads calls :meth:`epilogue_touch` for its
-        share of the tile's points (every row, every 32 columns), clamped into the
-        problem."""
-        chunks = self.tile_n // _TOUCH_COLUMNS
-        points = self.tile_m * chunks
-        for p in cutlass.range_constexpr(_ceil_div(points, self.tile_threads)):
-            point = cutlass.min(p * self.tile_threads + ctid, points - 1)
-            m = cutlass.min(m_t * self.tile_m + point // chunks, prob_m - 1)
-            n = cutlass.min(n_t * self.tile_n + point % chunks * _TOUCH_COLUMNS, prob_n - 1)
-            self.epilogue_touch(m, n, l_idx, mBias, epi_args)
-
-    @cute.jit
     def epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args):
         """Fusion hook, load phase: issue the global loads that :meth:`epilogue_op`
         will need for the sub-tile at ``coords`` and return them (register fragments;
@@ -977,8 +950,6 @@ class Sm90Gemm:
                 # Global (m, n) of every accumulator element, in acc's layout.
                 coords = thr_mma.partition_C(
                     cute.local_tile(ident, (tm, tn), (m_t, n_t)))
-                self.warm_epilogue_inputs(m_t, n_t, l_t, ctid, prob_m, prob_n, mBias,
-                                          epi_args)
                 if cutlass.const_expr(self.pingpong):
                     if linear > linear_start:
                         self.pingpong_wait_turn(pp_wg)

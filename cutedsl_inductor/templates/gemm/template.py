@@ -46,11 +46,6 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     # Tail-tile values are computed at the nearest valid coordinate (their loads stay in
     # bounds) and then dropped by the store: no branches, loads the compiler can share.
     @cute.jit
-    def epilogue_touch(self, m, n, l_idx, mBias, epi_args):
-        Sm90Gemm.epilogue_touch(self, m, n, l_idx, mBias, epi_args)
-        {{kernel_name}}_epilogue_touch({% if output_rank == 3 %}l_idx, {% endif %}m, n, epi_args)
-
-    @cute.jit
     def epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args):
         loaded = {{kernel_name}}_epilogue_registers(cute.size(coords))
         if cutlass.const_expr(self.store == "tma"):
