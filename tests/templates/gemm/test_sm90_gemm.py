@@ -288,6 +288,18 @@ def test_split_k_config_name():
     assert config_name(dict(cfg, split_k=4, store="direct")) == "t64x128x64_c1x1_1wg_rn_k4_direct"
 
 
+def test_pick_configs_offers_the_measured_decode_winners():
+    """H200 sweeps (gemm_sweep.py): at 16x14336x4096 the unsplit 64x256 tile is the
+    fastest (0.96 of cuBLAS), at 16x4096x14336 64x64 and 64x128 split in two; no split
+    of 8 (always slower than 2) takes their places."""
+    offered = {shape: [config_name(c) for c in pick_configs(*shape)]
+               for shape in [(16, 14336, 4096), (16, 4096, 14336)]}
+    assert "t64x256x64_c1x1_1wg_rn" in offered[16, 14336, 4096]
+    assert {"t64x64x64_c1x1_1wg_rn_k2", "t64x128x64_c1x1_1wg_rn_k2"} <= set(
+        offered[16, 4096, 14336])
+    assert not any(name.endswith("_k8") for names in offered.values() for name in names)
+
+
 def test_pick_configs_splits_k_only_when_tiles_are_few():
     for m in (1, 16, 64, 128, 256):
         for n, k in ((4096, 4096), (4096, 14336)):
