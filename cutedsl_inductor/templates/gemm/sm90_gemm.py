@@ -1140,6 +1140,10 @@ _EXTRA_CONFIGS = [
 # few output tiles to fill the SMs.  Their reduction buffer leaves room for >= 3 stages.
 _SPLIT_K_BASE_CONFIGS = [
     dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
+    # 12 stages keep more of B in flight, where M is small and B's stream is the whole
+    # cost: on the H200 at 16x4096x14336 (k2) 0.96 of cuBLAS against 0.91 with 8.
+    dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
+         raster="n", stages=12),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=64, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
