@@ -8,8 +8,10 @@ B given as ``w.T`` (an nn.Linear weight, "nt") or as a row-major (K, N) matrix (
 given; ``--shard K/N`` splits the suite across several runs (each writes its own CSV).
 For each shape: TFLOP/s of our best config (the heuristic's configs, each compiled
 through the template path and timed), of ``torch.mm`` (cuBLAS) and of Inductor's best
-Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; the CSV in ``--out`` gets each row as it is measured (a run cut short keeps
-what it measured), the PNG plot comes at the end. Timing: ``triton.testing.do_bench`` medians on fresh random inputs.
+Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; the CSV in
+``--out`` gets each row as it is measured (a run cut short keeps what it measured), the
+PNG plot comes at the end. Timing: ``triton.testing.do_bench`` medians on fresh random
+inputs.
 ``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
 writes them as one CSV and plot.
 """

@@ -22,8 +22,9 @@ Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
 * ``Bias`` (optional, ``None`` = no bias) is any ``(M, N, L)`` view with
   arbitrary strides; a stride of 0 expresses broadcasting.  The addmm vector
   bias of shape ``(N,)`` is the view with strides ``(0, 1, 0)``.  It is read
-  with scalar loads at coordinates clamped into the problem, so it needs no
-  alignment.
+  at coordinates clamped into the problem, two columns per vector load only
+  where its strides and base prove that aligned (else element by element), so
+  it needs no alignment.
 
 Design
 ------

@@ -54,8 +54,8 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
             for j in cutlass.range(cute.size(coords) // 2, unroll_full=True):
                 mn = coords[2 * j]
                 {{kernel_name}}_epilogue_load_pair(
-                    loaded, 2 * j, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
-                    min(mn[1], prob_n - 2), epi_args)
+                    loaded, 2 * j, {% if output_rank == 3 %}l_idx, {% endif %}
+                    min(mn[0], prob_m - 1), min(mn[1], prob_n - 2), epi_args)
         else:
             for i in cutlass.range(cute.size(coords), unroll_full=True):
                 mn = coords[i]
