@@ -54,15 +54,18 @@ def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]]
                   ) -> list[tuple[dict[str, Any], int | None]]:
     """(config, heuristic rank or None) for every ranked candidate and valid variant."""
     ranked = pick_configs(m, n, k, max_configs=10_000)
+    # The ranked candidates first: a variant that renames to one of them (stages=12 of a
+    # candidate that has its own 12-stage entry) must not hide its rank.
+    entries = [(cfg, rank if rank < config.gemm_max_configs else None)
+               for rank, cfg in enumerate(ranked)]
+    entries += [(dict(cfg, **{key: value}), None) for cfg in ranked for key, value in variants]
     configs, seen = [], set()
-    for rank, cfg in enumerate(ranked):
-        for candidate in [cfg] + [dict(cfg, **{key: value}) for key, value in variants]:
-            name = config_name(candidate)
-            if name in seen or Sm90Gemm.config_error(**candidate) is not None:
-                continue
-            seen.add(name)
-            offered = rank < config.gemm_max_configs and candidate is cfg
-            configs.append((candidate, rank if offered else None))
+    for candidate, rank in entries:
+        name = config_name(candidate)
+        if name in seen or Sm90Gemm.config_error(**candidate) is not None:
+            continue
+        seen.add(name)
+        configs.append((candidate, rank))
     return configs
 
 

@@ -102,7 +102,7 @@ def test_the_fused_kernels_of_our_fastest_choices_are_timed(caplog):
     assert relative_error(result, fn(*args)) < 1e-2
     (record,) = [r for r in caplog.records if "with its epilogue" in r.getMessage()]
     _, timed, kept = record.args
-    assert len(timed) == 2 and kept == min(timed, key=timed.get)
+    assert len(timed) == 2 and timed[kept] == min(timed.values())  # ties: either is fastest
 
 
 @pytest.mark.parametrize("m,n", [(200, 264), (1, 4104), (130, 392)])

@@ -114,9 +114,10 @@ Invariants / requirements (checked by :meth:`Sm90Gemm.can_implement`)
   M, N, K >= 1.  ``make_fake_gemm_args`` declares exactly these contracts
   with ``cute.sym_int32/sym_int64(divisibility=...)``.
 
-* ``split_k`` in ``SPLIT_K_CHOICES``; > 1 only with ``cluster_m ==
-  cluster_n == 1`` and if two stages still fit next to the reduction buffer
-  (``tile_m * tile_n * 4`` bytes; so not with a 128x256 or 256x128 tile).
+* ``split_k`` in ``SPLIT_K_CHOICES``; > 1 only without ping-pong, with
+  ``cluster_m * cluster_n * split_k <= 8`` CTAs per cluster, and if two
+  stages still fit next to the reduction buffer (``tile_m * tile_n * 4``
+  bytes; so not with a 128x256 or 256x128 tile).
 
 Failure semantics: invalid constructor parameters raise ``ValueError``
 immediately; unsupported dtypes/layouts found while tracing ``__call__``
@@ -1135,6 +1136,14 @@ _EXTRA_CONFIGS = [
     dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
          pingpong=True, raster="m"),
+    # Two M tiles share each B tile by multicast: where M spans only a few tiles and N x K
+    # (the weight) is the whole stream, that halves B's L2 reads.  On the H200 (bf16,
+    # benchmarks/gemm_sweep.py, nt / nn): 64x64x128 at 128x4096x4096 1.02 / 0.95 of
+    # cuBLAS and at 128x4096x14336 1.01 / 0.98 (the best offered then: 0.93 / 0.91);
+    # 128x64 at 256x4096x14336 0.94 / 0.98 (then 0.84 / 0.92).
+    dict(tile_m=64, tile_n=64, tile_k=128, cluster_m=2, cluster_n=1, cooperative=False,
+         raster="n"),
+    dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False, raster="m"),
 ]
 
 # Split-K candidates (``split_k`` in ``_SPLIT_K_FACTORS``), only for problems with too

@@ -303,6 +303,18 @@ def test_pick_configs_offers_the_measured_decode_winners():
     assert not any(name.endswith("_k8") for names in offered.values() for name in names)
 
 
+def test_pick_configs_offers_multicast_weights_where_m_spans_few_tiles():
+    """H200 sweeps (gemm_sweep.py, nt / nn): two M tiles sharing each B tile by
+    multicast were the fastest of all configs at 128x4096x4096 (64x64x128: 1.02 / 0.95 of
+    cuBLAS), 128x4096x14336 (1.01 / 0.98) and 256x4096x14336 (128x64: 0.94 / 0.98),
+    where the heuristic's best offered reached 0.91-0.93."""
+    offered = {shape: [config_name(c) for c in pick_configs(*shape)]
+               for shape in [(128, 4096, 4096), (128, 4096, 14336), (256, 4096, 14336)]}
+    assert "t64x64x128_c2x1_1wg_rn" in offered[128, 4096, 4096]
+    assert "t64x64x128_c2x1_1wg_rn" in offered[128, 4096, 14336]
+    assert "t128x64x64_c2x1_1wg_rm" in offered[256, 4096, 14336]
+
+
 def test_pick_configs_splits_k_only_when_tiles_are_few():
     for m in (1, 16, 64, 128, 256):
         for n, k in ((4096, 4096), (4096, 14336)):
