@@ -67,6 +67,16 @@ def test_bench_gemm_shapes(tmp_path):
     assert "'64x4096' is not MxNxK (positive integers)" in run.stderr
 
 
+def test_bench_shards_are_checked_before_any_run(tmp_path):
+    from cutedsl_inductor.bench.gemm import parse_shard
+
+    assert parse_shard("2/4") == (2, 4)
+    for bench in ("gemm", "epilogue"):
+        run = cli("bench", bench, "--shard", "3/2", cache_dir=tmp_path)
+        assert run.returncode == 2
+        assert "'3/2' is not K/N with 1 <= K <= N" in run.stderr
+
+
 def test_bench_epilogue_names_the_gemm_configs_of_output_code():
     from cutedsl_inductor.bench.epilogue import gemm_configs
     from cutedsl_inductor.inductor.scheduling import kernel_definition

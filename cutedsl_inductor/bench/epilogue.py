@@ -4,7 +4,9 @@ fusion), measured in one run.
 
 Blocks (bf16): gelu(x @ w.T + b); relu(addmm(b, x, w.T)) * 0.5 + residual;
 silu(x @ w1.T) * (x @ w3.T). Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096),
-(14336, 4096)} (``--quick``: M in {128, 8192}, (4096, 4096)). Ours: max-autotune with
+(14336, 4096)} (``--quick``: M in {128, 8192}, (4096, 4096); ``--shapes MxNxK,...``: those;
+``--shard K/N``: every N-th shape from the K-th, to split the suite across GPUs or runs,
+each writing its own CSV). Ours: max-autotune with
 ``max_autotune_gemm_backends="CUTEDSL"`` and ``config.epilogue_fusion``. Each result is
 checked against eager (relative error < 1e-2) and our output code against fusion (the
 "fused" column: every consumer ran inside a GEMM). Times are GPU times of the compiled
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
+from .gemm import parse_shapes, parse_shard
 from .timing import median_ms
 
 SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in ((4096, 4096), (14336, 4096))]
@@ -91,6 +94,10 @@ CSV_FIELDS = ["block", "m", "n", "k", "ours", "default", "max_autotune", "vs_def
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench epilogue")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shapes", type=parse_shapes, metavar="MxNxK,...",
+                        help="these shapes instead of the suite")
+    parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
+                        help="run every N-th shape starting at the K-th")
     parser.add_argument("--out", type=Path, default=Path("."),
                         help="folder for epilogue_bench.csv (written row by row)")
     args = parser.parse_args(argv)
@@ -101,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'fused':>6}   our configs (TFLOP/s)",
           flush=True)
     ratios = []
+    index, count = args.shard
+    shapes = (args.shapes or (QUICK if args.quick else SHAPES))[index - 1::count]
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "epilogue_bench.csv", "w", newline="") as table:
         writer = csv.DictWriter(table, fieldnames=CSV_FIELDS)
         writer.writeheader()
-        for m, n, k in QUICK if args.quick else SHAPES:
+        for m, n, k in shapes:
             for name, block in blocks(m, n, k).items():
                 row = measure(name, m, n, k, *block)
                 ratios.append(row["vs_max_autotune"])

@@ -113,6 +113,14 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> ``(2, 4)``: run every 4th shape of the list from the 2nd."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N")
+    return int(index), int(count)
+
+
 CSV_FIELDS = ["m", "n", "k", "dtype", "layout", "config", "ours", "cublas", "triton",
               "vs_cublas", "vs_triton"]
 
@@ -195,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--layouts", default="nt,nn")
     parser.add_argument("--no-triton", action="store_true")
-    parser.add_argument("--shard", default="1/1",
-                        help="K/N: run every N-th shape starting at the K-th (split long suites)")
+    parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
+                        help="run every N-th shape starting at the K-th (split long suites)")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--merge", nargs="+", metavar="DIR",
                         help="summarize shards run earlier (directories with their CSVs)")
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
         return 2
-    index, count = (int(x) for x in args.shard.split("/"))
+    index, count = args.shard
     shapes = (args.shapes or (QUICK if args.quick else SQUARES + LLM))[index - 1::count]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
