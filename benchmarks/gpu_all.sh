@@ -2,12 +2,14 @@
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
 #                                             bench_epilogue splitk pingpong bench_gemm_shards
+#                                             bench_epilogue_shards
 #                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             compile_workers (host CPUs only, no GPU)
 #                                             (default: the first eight)
-# bench_gemm_shards runs shard SHARD_FIRST.. of SHARDS (env) of the full suite, one per GPU
-# in parallel, into $OUT/gemm_shard_K; merge them with `bench gemm --merge DIR ...`.
+# bench_gemm_shards (bench_epilogue_shards) runs shard SHARD_FIRST.. of SHARDS (env) of the
+# full suite, one per GPU in parallel, into $OUT/gemm_shard_K ($OUT/epilogue_shard_K); merge
+# the GEMM ones with `bench gemm --merge DIR ...`.
 # Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
@@ -18,6 +20,17 @@ mkdir -p "$OUT"
 [ -d .device/precompiled ] && export CUTEDSL_INDUCTOR_CACHE_DIR=$PWD/.device/precompiled
 export PYTHONUNBUFFERED=1
 status=0
+shards() {  # shards BENCH: one shard of `bench BENCH` per GPU, in parallel
+  local gpus k
+  gpus=$(nvidia-smi -L | wc -l)
+  for g in $(seq 0 $((gpus - 1))); do
+    k=$(( ${SHARD_FIRST:-1} + g ))
+    CUDA_VISIBLE_DEVICES=$g python3 -m cutedsl_inductor bench "$1" --shard "$k/${SHARDS:-$gpus}" \
+      ${BENCH_ARGS:-} --out "$OUT/$1_shard_$k" > "$OUT/$1_shard_$k.log" 2>&1 &
+  done
+  wait || status=1
+  tail -n 3 "$OUT"/"$1"_shard_*.log
+}
 step() {
   local name=$1; shift
   echo "=== $name: $*"
@@ -43,15 +56,8 @@ for s in $steps; do
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
     epilogue_cost) step epilogue_cost python3 benchmarks/epilogue_cost.py ;;
     compile_workers) step compile_workers python3 benchmarks/compile_workers.py --workers 2,8 ;;
-    bench_gemm_shards)
-      gpus=$(nvidia-smi -L | wc -l)
-      for g in $(seq 0 $((gpus - 1))); do
-        k=$(( ${SHARD_FIRST:-1} + g ))
-        CUDA_VISIBLE_DEVICES=$g python3 -m cutedsl_inductor bench gemm --shard "$k/${SHARDS:-$gpus}" \
-          ${BENCH_ARGS:-} --out "$OUT/gemm_shard_$k" > "$OUT/gemm_shard_$k.log" 2>&1 &
-      done
-      wait || status=1
-      tail -n 3 "$OUT"/gemm_shard_*.log ;;
+    bench_gemm_shards) shards gemm ;;
+    bench_epilogue_shards) shards epilogue ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done
