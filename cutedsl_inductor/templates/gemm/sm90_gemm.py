@@ -1139,7 +1139,7 @@ _EXTRA_CONFIGS = [
     # Two M tiles share each B tile by multicast: where M spans only a few tiles and N x K
     # (the weight) is the whole stream, that halves B's L2 reads.  On the H200 (bf16,
     # benchmarks/gemm_sweep.py, nt / nn): 64x64x128 at 128x4096x4096 1.02 / 0.95 of
-    # cuBLAS and at 128x4096x14336 1.01 / 0.98 (the best offered then: 0.93 / 0.91);
+    # cuBLAS and at 128x4096x14336 1.01 / 0.98 (the best offered then: 0.91-0.94);
     # 128x64 at 256x4096x14336 0.94 / 0.98 (then 0.84 / 0.92).
     dict(tile_m=64, tile_n=64, tile_k=128, cluster_m=2, cluster_n=1, cooperative=False,
          raster="n"),
