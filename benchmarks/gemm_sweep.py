@@ -4,10 +4,11 @@
 (as Inductor runs them), timed against cuBLAS in one run (bf16).
 
     python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
-        [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--top 12]
+        [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--ranked 8] [--top 12]
 
 ``--variant key=value`` (repeatable) adds, for every candidate, a copy with that field
-replaced, where the result is a valid config.  ``--precompile`` needs no GPU: it only
+replaced, where the result is a valid config; ``--ranked N`` keeps the heuristic's first
+N candidates only (and their variants).  ``--precompile`` needs no GPU: it only
 compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so that
 a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
 ``--top`` fastest configs with TFLOP/s, the ratio to cuBLAS and the heuristic's rank
@@ -50,10 +51,11 @@ def parse_variant(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]]
-                  ) -> list[tuple[dict[str, Any], int | None]]:
-    """(config, heuristic rank or None) for every ranked candidate and valid variant."""
-    ranked = pick_configs(m, n, k, max_configs=10_000)
+def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]],
+                  ranked_limit: int = 10_000) -> list[tuple[dict[str, Any], int | None]]:
+    """(config, heuristic rank or None) for the first ``ranked_limit`` ranked candidates
+    and their valid variants."""
+    ranked = pick_configs(m, n, k, max_configs=ranked_limit)
     # The ranked candidates first: a variant that renames to one of them (stages=12 of a
     # candidate that has its own 12-stage entry) must not hide its rank.
     entries = [(cfg, rank if rank < config.gemm_max_configs else None)
@@ -69,8 +71,8 @@ def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]]
     return configs
 
 
-def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str, Any]]
-                  ) -> list[tuple[dict[str, Any], int | None, Any]]:
+def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str, Any]],
+                  ranked_limit: int) -> list[tuple[dict[str, Any], int | None, Any]]:
     """(config, rank, template choice) for the configs the kernel can run here."""
     from torch._inductor import ir
 
@@ -83,7 +85,7 @@ def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str,
         nodes = [scratch.input((m, k), torch.bfloat16), scratch.input((k, n), torch.bfloat16,
                                                                       b_stride)]
         out_layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [m, n])
-        for cfg, rank in sweep_configs(m, n, k, variants):
+        for cfg, rank in sweep_configs(m, n, k, variants, ranked_limit):
             choices: list[Any] = []
             gemm_choices(choices, "mm", nodes, out_layout, configs=[cfg])
             out += [(cfg, rank, choice) for choice in choices]
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", default="nt")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                         metavar="KEY=VALUE")
+    parser.add_argument("--ranked", type=int, default=10_000, metavar="N",
+                        help="only the heuristic's first N candidates (and their variants)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--precompile", action="store_true",
                         help="compile every config into the kernel cache (no GPU needed)")
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     with config.patch(arch="sm_90a", disk_cache=True):
         for m, n, k in args.shapes:
             for layout in args.layouts.split(","):
-                entries = sweep_choices(m, n, k, layout, args.variant)
+                entries = sweep_choices(m, n, k, layout, args.variant, args.ranked)
                 if args.precompile:
                     for cfg, _, choice in entries:
                         try:
