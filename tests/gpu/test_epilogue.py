@@ -117,6 +117,26 @@ def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
     assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
 
 
+@pytest.mark.parametrize("m,n", [(5, 264), (16, 4104), (32, 392)])
+def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch):
+    """Only swap-AB choices offered (C^T = B A^T, the kernel's (m, n) torch's (n, m)): the
+    fused epilogue reads row, column and full inputs at the output's coordinates."""
+    from cutedsl_inductor.templates.gemm import template
+    from cutedsl_inductor.templates.gemm.sm90_gemm import pick_configs
+
+    def swap_ab_only(*args, **kwargs):
+        ranked = pick_configs(*args, **dict(kwargs, max_configs=100))
+        return [c for c in ranked if c.get("swap_ab")][:2]
+
+    monkeypatch.setattr(template, "pick_configs", swap_ab_only)
+    x, w, b, r = randn(m, 512), randn(n, 512), randn(n), randn(m, n)
+    rows = randn(m, 1)
+    fn = lambda x, w, b, r, rows: torch.relu(x @ w.t() + b) * rows + r  # noqa: E731
+    result, code = compiled_with_fusion(fn, x, w, b, r, rows)
+    assert "_epilogue(" in code
+    assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "odd row stride", "odd offset"])
 def test_residual_views_read_in_column_pairs_match_eager(layout):
     """The epilogue and addmm's bias read two columns per load where alignment allows;

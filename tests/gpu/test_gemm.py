@@ -115,6 +115,54 @@ def test_addmm_bias_alpha_beta_match_float64():
         assert relative_error(out, ref) < TOLERANCE, description
 
 
+# -- swap-AB (C^T = B A^T, small M) through the template ------------------------------
+
+def swap_ab_configs(m, split_k=1):
+    from cutedsl_inductor.templates.gemm.sm90_gemm import _SWAP_AB_BASE_CONFIGS, _swap_ab_tile_n
+
+    configs = [dict(c, tile_n=_swap_ab_tile_n(m), swap_ab=True, store="direct")
+               for c in _SWAP_AB_BASE_CONFIGS]
+    return [dict(c, split_k=split_k) for c in configs] if split_k > 1 else configs
+
+
+SWAP_AB_CASES = [  # (M, N, K, dtype, A transposed, B transposed): tiles of 16 and 32
+    (16, 4096, 4096, torch.bfloat16, False, True),
+    (29, 264, 1000, torch.float16, False, False),  # M, N and K tails
+    (24, 4104, 72, torch.bfloat16, True, True),  # A^T: the kernel's B N-major
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,a_t,b_t", SWAP_AB_CASES)
+def test_swap_ab_configs_match_float64(m, n, k, dtype, a_t, b_t):
+    a = torch.randn(k, m, device="cuda", dtype=dtype).t() if a_t else torch.randn(
+        m, k, device="cuda", dtype=dtype)
+    b = operand_b(k, n, dtype, b_t)
+    ref = a.double() @ b.double()
+    configs = swap_ab_configs(m) + (swap_ab_configs(m, split_k=2)[:2] if m == 16 else [])
+    outputs = list(template_outputs("mm", [a, b], (m, n), configs=len(configs),
+                                    config_list=configs))
+    assert len(outputs) == len(configs)
+    for description, out in outputs:
+        assert "SWAP_AB=True" in description
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
+def test_swap_ab_addmm_and_bmm_match_float64():
+    a = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(256, 520, torch.bfloat16, True)
+    bias = torch.randn(520, device="cuda", dtype=torch.bfloat16)
+    ref = 2.0 * bias.double() + 0.5 * (a.double() @ b.double())
+    for description, out in template_outputs("addmm", [bias.expand(16, 520), a, b], (16, 520),
+                                              alpha=0.5, beta=2.0, configs=2,
+                                              config_list=swap_ab_configs(16)[:2]):
+        assert relative_error(out, ref) < TOLERANCE, description
+    a3 = torch.randn(3, 5, 72, device="cuda", dtype=torch.bfloat16)
+    b3 = torch.randn(3, 72, 136, device="cuda", dtype=torch.bfloat16)
+    for description, out in template_outputs("bmm", [a3, b3], (3, 5, 136), configs=2,
+                                              config_list=swap_ab_configs(5)[2:4]):
+        assert relative_error(out, a3.double() @ b3.double()) < TOLERANCE, description
+
+
 # -- torch.compile end to end ------------------------------------------------------
 
 

@@ -18,7 +18,11 @@ Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
   ``nn.Linear`` weight as stored) or N-major (stride ``(1, ldb, batch)``: the
   ``(N, K)`` view ``b.mT`` of an ordinary row-major ``K x N`` torch matrix).
   So torch ``a @ b`` (``b`` of shape ``(K, N)``) is ``A = a``, ``B = b.mT``.
-* ``C`` has shape ``(M, N, L)``, row-major: stride ``(ldc, 1, batch)``.
+* ``C`` has shape ``(M, N, L)``, row-major: stride ``(ldc, 1, batch)``; with
+  ``store="direct"`` also column-major, stride ``(1, ldc, batch)``: the
+  transposed view of a row-major torch output, as a caller that swaps A and B
+  (``C^T = B A^T``, the weight in the WGMMA's M mode where torch's M is small)
+  passes it.
 * ``Bias`` (optional, ``None`` = no bias) is any ``(M, N, L)`` view with
   arbitrary strides; a stride of 0 expresses broadcasting.  The addmm vector
   bias of shape ``(N,)`` is the view with strides ``(0, 1, 0)``.  It is read
@@ -63,7 +67,8 @@ Design
   accumulator values into a register fragment -> :meth:`Sm90Gemm.epilogue_op`
   on the copy (alpha, bias, beta; the fusion hook) -> cast -> swizzled smem
   (stmatrix) -> TMA store (``store="tma"``, default).  With
-  ``store="direct"`` the same happens for 16-value chunks of the fragment,
+  ``store="direct"`` the same happens for 16-value chunks of the fragment
+  (the whole 8-value fragment of a 64x16 tile),
   followed by predicated per-element stores from registers.  The
   accumulator itself is never written outside the WGMMAs: in-place epilogue
   math on it (even ``acc[i] = acc[i] * 2``) changed the mainloop ptxas
@@ -177,7 +182,7 @@ _SMEM_RESERVED = 1024 + 256
 _THREADS_PER_WG = 128
 _MAX_CLUSTER_CTAS = 8  # the portable cluster size
 # Accumulator values per thread in one epilogue unit (a TMA-store sub-tile of
-# ``epi_tile`` or a direct-store chunk): the fragment's values [16u, 16u + 16).
+# ``epi_tile`` or a direct-store chunk) where the fragment has at least that many.
 _EPI_UNIT = 16
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
@@ -330,6 +335,11 @@ class Sm90Gemm:
         # Epilogue sub-tile: rows covered by one M-repetition of the tiled MMA
         # (64 per consumer warpgroup of the tile) x 32 columns.
         self.epi_tile = (64 * self.tile_wgs, 32)
+        # Accumulator values per thread in one epilogue unit (a TMA-store sub-tile or a
+        # direct-store chunk): the fragment's values [u * epi_unit, (u + 1) * epi_unit).
+        # Fewer than 16 only where the whole fragment is (tile_n = 16 with tile_m = 64).
+        self.epi_unit = min(_EPI_UNIT, self.tile_m * self.tile_n
+                            // (_THREADS_PER_WG * self.tile_wgs))
         self.producer_regs = 40
         self.consumer_regs = 232
         self.store_warp = 4  # first consumer warp issues the TMA stores
@@ -361,8 +371,11 @@ class Sm90Gemm:
         allowed_m = (128, 256) if cooperative else (64, 128)
         if tile_m not in allowed_m:
             return f"tile_m={tile_m} not in {allowed_m} (cooperative={cooperative})"
-        if tile_n not in (64, 128, 192, 256):
-            return f"tile_n={tile_n} not in (64, 128, 192, 256)"
+        if tile_n not in (16, 32, 64, 128, 192, 256):
+            return f"tile_n={tile_n} not in (16, 32, 64, 128, 192, 256)"
+        if tile_n < 64 and store != "direct":
+            return (f"tile_n={tile_n} needs store='direct' (the TMA store's sub-tile is "
+                    "32 columns of a tile of at least 64)")
         if tile_k not in (32, 64, 128):
             return f"tile_k={tile_k} not in (32, 64, 128)"
         if tile_m * tile_n > 128 * 128 * wgs:
@@ -470,8 +483,8 @@ class Sm90Gemm:
             raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, got {a_dtype}/{b_dtype}")
         if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32):
             raise ValueError(f"Sm90Gemm: unsupported output dtype {c_dtype}")
-        if c_layout != LayoutEnum.ROW_MAJOR:
-            raise ValueError("Sm90Gemm: C must be row-major (N contiguous)")
+        if c_layout != LayoutEnum.ROW_MAJOR and self.store == "tma":
+            raise ValueError("Sm90Gemm: C must be row-major (N contiguous) with store='tma'")
         self.a_dtype, self.b_dtype, self.c_dtype = a_dtype, b_dtype, c_dtype
         self.a_layout, self.b_layout = a_layout, b_layout
         ab_bytes = a_dtype.width // 8
@@ -881,14 +894,15 @@ class Sm90Gemm:
             acc = cute.make_rmem_tensor(
                 tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
-            num_units = cute.size(acc) // _EPI_UNIT
+            unit = self.epi_unit
+            num_units = cute.size(acc) // unit
             if cutlass.const_expr(split > 1):
                 # Split-K reduction buffer: thread t's fragment element v sits at
                 # (v // 4) * 4T + 4t + v % 4 (T consumer threads), so every access
                 # is a 16-byte vector and a warp's accesses are contiguous.
                 frag = cute.size(acc)
                 acc_flat = cute.make_tensor(acc.iterator, cute.make_layout(frag))
-                partial = cute.make_rmem_tensor((_EPI_UNIT,), self.acc_dtype)
+                partial = cute.make_rmem_tensor((unit,), self.acc_dtype)
                 nthr = self.num_consumer_threads
                 reduce_layout = cute.make_layout(((4, frag // 4), nthr),
                                                  stride=((1, 4 * nthr), 4))
@@ -929,7 +943,7 @@ class Sm90Gemm:
                 )
             else:
                 # Direct store: the epilogue runs on copies of 16-element chunks.
-                chunk = cute.make_rmem_tensor((_EPI_UNIT,), self.acc_dtype)
+                chunk = cute.make_rmem_tensor((unit,), self.acc_dtype)
             ident = cute.make_identity_tensor((prob_m, prob_n))
 
             read_state = pipeline.make_pipeline_state(
@@ -1019,9 +1033,9 @@ class Sm90Gemm:
                                             reduce_ptr, split_base + self.cluster_m * peer),
                                         reduce_layout)[(None, ctid)]
                                     cute.autovec_copy(
-                                        self._epi_slice(peer_slot, u, (_EPI_UNIT,)), partial)
-                                    for v in cutlass.range_constexpr(_EPI_UNIT):
-                                        acc_flat[u * _EPI_UNIT + v] += partial[v]
+                                        self._epi_slice(peer_slot, u, (unit,)), partial)
+                                    for v in cutlass.range_constexpr(unit):
+                                        acc_flat[u * unit + v] += partial[v]
                     # Each warp hands the peers' buffers back once it has read them.
                     cute.arch.sync_warp()
                     if lane == 0:
@@ -1031,8 +1045,8 @@ class Sm90Gemm:
                                     reduce_free, split_base + self.cluster_m * peer,
                                     scope=nvvm.MemScopeKind.CLUSTER)
 
-                # Epilogue unit u (16 values per thread: a TMA-store sub-tile or a
-                # direct-store chunk, both the fragment's values [16u, 16u + 16))
+                # Epilogue unit u (``unit`` values per thread: a TMA-store sub-tile or
+                # a direct-store chunk, both the fragment's values [u * unit, ...))
                 # belongs to CTA rank u % split_k: to this CTA without split-K.
                 if cutlass.const_expr(self.store == "tma"):
                     # ---------------- per sub-tile: copy -> epilogue_op -> cast
@@ -1083,14 +1097,14 @@ class Sm90Gemm:
                     # chunk of the fragment, each through a copy (see above).
                     for s in cutlass.range_constexpr(num_units):
                         if s % split == split_rank:
-                            for v in cutlass.range_constexpr(_EPI_UNIT):
-                                chunk[v] = _opaque_copy(acc[s * _EPI_UNIT + v])
-                            chunk_coords = self._epi_slice(coords, s, (_EPI_UNIT,))
+                            for v in cutlass.range_constexpr(unit):
+                                chunk[v] = _opaque_copy(acc[s * unit + v])
+                            chunk_coords = self._epi_slice(coords, s, (unit,))
                             self.epilogue_op(
                                 chunk, chunk_coords, l_t, prob_m, prob_n, mBias, alpha, beta,
                                 epi_args, self.epilogue_prefetch(chunk_coords, l_t, prob_m,
                                                                  prob_n, mBias, epi_args))
-                            for v in cutlass.range_constexpr(_EPI_UNIT):
+                            for v in cutlass.range_constexpr(unit):
                                 mn = chunk_coords[v]
                                 if cute.elem_less(mn, (prob_m, prob_n)):
                                     tC[mn[0], mn[1], l_t] = chunk[v].to(self.c_dtype)
@@ -1161,6 +1175,34 @@ _SPLIT_K_BASE_CONFIGS = [
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False, raster="n"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
 ]
+# Swap-AB candidates for small M (<= _SWAP_AB_MAX_M): the caller computes C^T = B A^T,
+# so the weight's N rows fill the WGMMA's M mode (64-row atoms) and torch's M its N mode,
+# in a tile of 16 or 32 (``_swap_ab_tile_n``) instead of a 64-row tile that is mostly
+# padding; the output is the column-major C^T, written by the direct store.  tile_n is
+# filled in per problem.  On the H200 (bf16, gemm_sweep.py, nt / nn, ratios to cuBLAS) at
+# M = 16 the best swapped tile against the best unswapped one: 16x4096x4096 1.05 / 1.10
+# (64x16, 16 stages) against 0.95 / 0.92; 16x14336x4096 1.01 / 1.00 (128x16) against
+# 0.94 / 0.96; 16x4096x14336 1.02 / 1.02 against 0.96 / 0.96; 16x128256x4096 1.01 / 1.01
+# against 1.00 / 1.00.  At M = 64 (a 64-wide tile, no padding saved) the swapped tiles
+# matched the unswapped ones within 2% and pushed a winner out of the offered eight.
+_SWAP_AB_BASE_CONFIGS = [
+    # 16 stages: 1.05 / 1.10 at 16x4096x4096 against 0.94 / 0.93 with 8.
+    dict(tile_m=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m",
+         stages=16),
+    dict(tile_m=64, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False, raster="m",
+         stages=16),
+    dict(tile_m=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False, raster="m"),
+    dict(tile_m=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=True, raster="m"),
+    dict(tile_m=256, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True, raster="m"),
+]
+_SWAP_AB_MAX_M = 32
+
+
+def _swap_ab_tile_n(m: int) -> int:
+    return 16 if m <= 16 else 32
+
+
 # 8 (clusters of 8 CTAs, 15 co-resident) is not offered: on the H200 it lost every time to
 # 2 (16x4096x14336: 0.71 of cuBLAS against 0.88 for 64x128 tiles) and its candidates
 # pushed measured winners out of the offered configs (gemm_sweep.py).
@@ -1187,18 +1229,19 @@ _PINGPONG_ONE_WAVE = 0.9
 
 def config_name(cfg: dict) -> str:
     """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
-    ``_k4`` for split_k=4)."""
+    ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's)."""
     split_k = cfg.get("split_k", 1)
     if cfg.get("pingpong", False):
         consumers = "pp"
     else:
         consumers = "coop" if cfg.get("cooperative", True) else "1wg"
-    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}".format(
+    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
         cfg.get("cluster_n", 1), consumers,
         cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
         f"_k{split_k}" if split_k > 1 else "",
-        "_direct" if cfg.get("store", "tma") == "direct" else "")
+        "_swap" if cfg.get("swap_ab") else "",
+        "_direct" if cfg.get("store", "tma") == "direct" and not cfg.get("swap_ab") else "")
 
 
 def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
@@ -1217,14 +1260,22 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     Split-K candidates enter only when the output tiles fill less than
     ``_SPLIT_K_MAX_FILL`` of the SMs and every split gets >= 2 K tiles; their
     per-tile work is ``ceil(k / split_k)`` plus the DSMEM reduction, counted
-    as ``_SPLIT_K_REDUCE_K * (split_k - 1) / split_k`` K elements.
+    as ``_SPLIT_K_REDUCE_K * (split_k - 1) / split_k`` K elements.  Swap-AB
+    candidates (``swap_ab=True``, M <= ``_SWAP_AB_MAX_M``) are scored on the
+    swapped problem (N x M), their own split-K variants included.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0
     del dtype  # both 16-bit input types behave the same
     candidates = list(DEFAULT_CONFIGS + _EXTRA_CONFIGS)
-    for cfg in _SPLIT_K_BASE_CONFIGS:
-        tiles = _ceil_div(m, cfg["tile_m"]) * _ceil_div(n, cfg["tile_n"]) * l
+    split_bases = [(cfg, m, n) for cfg in _SPLIT_K_BASE_CONFIGS]
+    if m <= _SWAP_AB_MAX_M:
+        swapped = [dict(cfg, tile_n=_swap_ab_tile_n(m), swap_ab=True, store="direct")
+                   for cfg in _SWAP_AB_BASE_CONFIGS]
+        candidates += swapped
+        split_bases += [(cfg, n, m) for cfg in swapped]
+    for cfg, pm, pn in split_bases:
+        tiles = _ceil_div(pm, cfg["tile_m"]) * _ceil_div(pn, cfg["tile_n"]) * l
         k_tiles = _ceil_div(k, cfg["tile_k"])
         if tiles < _SPLIT_K_MAX_FILL * num_sms:
             candidates += [dict(cfg, split_k=s) for s in _SPLIT_K_FACTORS if k_tiles >= 2 * s
@@ -1234,7 +1285,8 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         tm, tn = cfg["tile_m"], cfg["tile_n"]
         cm, cn = cfg.get("cluster_m", 1), cfg.get("cluster_n", 1)
         split_k = cfg.get("split_k", 1)
-        tiles_m, tiles_n = _ceil_div(m, tm), _ceil_div(n, tn)
+        pm, pn = (n, m) if cfg.get("swap_ab") else (m, n)
+        tiles_m, tiles_n = _ceil_div(pm, tm), _ceil_div(pn, tn)
         clusters = _ceil_div(tiles_m, cm) * _ceil_div(tiles_n, cn) * l
         slots = (_split_k_clusters(num_sms, cm * cn * split_k) if split_k > 1
                  else max(1, num_sms // (cm * cn)))
@@ -1272,12 +1324,14 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
 # Compilation helpers (GPU-less: set CUTE_DSL_ARCH=sm_90a before importing cutlass)
 # --------------------------------------------------------------------------
 def make_fake_gemm_args(ab_dtype: Any = "bf16", out_dtype: Any = "bf16", a_major: str = "k",
-                        b_major: str = "k", bias_dtype: Any = None, store: str = "tma"):
+                        b_major: str = "k", bias_dtype: Any = None, store: str = "tma",
+                        c_major: str = "n"):
     """Fake (A, B, C, Bias) tensors with symbolic M, N, K, L and symbolic strides.
 
     Non-unit strides are declared divisible by 16 bytes (the TMA contract);
     with ``store="tma"`` N is declared divisible by ``16 // sizeof(C)`` too
-    (the compiled function then rejects other N at call time);
+    (the compiled function then rejects other N at call time); ``c_major="m"``
+    makes C column-major (``store="direct"`` only);
     the bias (if ``bias_dtype``) gets fully symbolic strides (0 allowed) and
     shares the M/N/L symbols with C.  Returns ``(A, B, C, Bias_or_None)``.
     """
@@ -1300,7 +1354,8 @@ def make_fake_gemm_args(ab_dtype: Any = "bf16", out_dtype: Any = "bf16", a_major
                          assumed_align=16)
     b = make_fake_tensor(t_ab, (n, k, l), (ldb, 1, bsb) if b_major == "k" else (1, ldb, bsb),
                          assumed_align=16)
-    c = make_fake_tensor(_CUTLASS_DTYPES[ck], (m, n, l), (ldc, 1, bsc), assumed_align=16)
+    c = make_fake_tensor(_CUTLASS_DTYPES[ck], (m, n, l),
+                         (ldc, 1, bsc) if c_major == "n" else (1, ldc, bsc), assumed_align=16)
     bias = None
     if bias_dtype is not None:
         bk = _dtype_key(bias_dtype)
@@ -1313,7 +1368,7 @@ def make_fake_gemm_args(ab_dtype: Any = "bf16", out_dtype: Any = "bf16", a_major
 
 def compile_sm90_gemm(config: dict, ab_dtype: Any = "bf16", out_dtype: Any = "bf16",
                       a_major: str = "k", b_major: str = "k", bias_dtype: Any = None,
-                      kernel_cls: type = None):
+                      kernel_cls: type = None, c_major: str = "n"):
     """Compile one GEMM variant with symbolic shapes and the TVM-FFI ABI.
 
     The result is called as ``f(A, B, C, Bias_or_None, alpha, beta)`` with
@@ -1326,7 +1381,7 @@ def compile_sm90_gemm(config: dict, ab_dtype: Any = "bf16", out_dtype: Any = "bf
     cls = kernel_cls or Sm90Gemm
     gemm = cls(**config)
     a, b, c, bias = make_fake_gemm_args(ab_dtype, out_dtype, a_major, b_major, bias_dtype,
-                                        store=config.get("store", "tma"))
+                                        store=config.get("store", "tma"), c_major=c_major)
     return cute.compile(gemm, a, b, c, bias, cutlass.Float32(1.0), cutlass.Float32(0.0),
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options="--enable-tvm-ffi")

@@ -13,7 +13,9 @@ pointers) and appends one choice per config from the heuristic (``pick_configs``
 ``config.gemm_max_configs``; every valid config with ``config.gemm_exhaustive``).
 Under dynamic shapes a stride that is a runtime size must be known to be aligned: the
 graph serves later sizes too, and the checks on this call's sizes say nothing of them.
-A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters.
+A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters, a
+swap-AB config (M <= 64) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), the
+weight in the WGMMA's M mode, and the fused epilogue swaps the coordinates back.
 A problem that does not suit it gets no choice, with a debug log saying why.
 """
 
@@ -35,7 +37,15 @@ log = logging.getLogger(__name__)
 
 GEMM_SOURCE = r'''
 from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
-from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
+from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, as_nml
+{#- Swap-AB runs C^T = B A^T: the kernel's (m, n) are torch's (n, m). #}
+{%- if SWAP_AB is defined %}
+{%- set kernel_a, kernel_b, view_c = "as_nkl_from_kn(b)", "as_mkl(a)", "as_nml" %}
+{%- set row, col = "min(mn[1], prob_n - 1)", "min(mn[0], prob_m - 1)" %}
+{%- else %}
+{%- set kernel_a, kernel_b, view_c = "as_mkl(a)", "as_nkl_from_kn(b)", "as_mnl" %}
+{%- set row, col = "min(mn[0], prob_m - 1)", "min(mn[1], prob_n - 1)" %}
+{%- endif %}
 
 {{gen_defines()}}
 {%- if has_epilogue %}
@@ -60,8 +70,8 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
             for i in cutlass.range(cute.size(coords), unroll_full=True):
                 mn = coords[i]
                 {{kernel_name}}_epilogue_load(
-                    loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}min(mn[0], prob_m - 1),
-                    min(mn[1], prob_n - 1), epi_args)
+                    loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}{{row}}, {{col}},
+                    epi_args)
         return (Sm90Gemm.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args),
                 loaded)
 
@@ -74,7 +84,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
             mn = coords[i]
             acc[i] = {{kernel_name}}_epilogue_apply(
                 acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}
-                min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), epi_args)
+                {{row}}, {{col}}, epi_args)
 {%- endif %}
 
 @cute.jit
@@ -85,13 +95,13 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
     )
     out = {{get_output()}}
-    {% if HAS_BIAS %}bias_mnl = as_mnl(bias){% else %}bias_mnl = None{% endif %}
+    {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
 {%- if has_epilogue %}
-    gemm.launch(as_mkl(a), as_nkl_from_kn(b), as_mnl(out), bias_mnl,
+    gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream,
                 epi_args={{epilogue_inputs()}})
 {%- else %}
-    gemm(as_mkl(a), as_nkl_from_kn(b), as_mnl(out), bias_mnl,
+    gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
          cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
 {%- endif %}
 '''
@@ -108,9 +118,11 @@ def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> d
         "STORE": cfg.get("store", "tma"),
         "HAS_BIAS": has_bias, "ALPHA": float(alpha), "BETA": float(beta),
     }
-    # Only when split: the source (and cache key) of unsplit choices stays as it was.
+    # Only where set: the source (and cache key) of other choices stays as it was.
     if cfg.get("split_k", 1) > 1:
         params["SPLIT_K"] = cfg["split_k"]
+    if cfg.get("swap_ab"):
+        params["SWAP_AB"] = True
     return params
 
 
@@ -169,6 +181,16 @@ def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, 
     return problem, Sm90Gemm.why_not(**problem)
 
 
+def swapped_problem(problem: dict[str, Any]) -> dict[str, Any]:
+    """The kernel's problem under swap-AB: C^T (N x M, column-major) = B A^T."""
+    batch = problem["batch_strides"]
+    return dict(
+        problem, m=problem["n"], n=problem["m"], lda=problem["ldb"], ldb=problem["lda"],
+        a_major={"k": "k", "n": "m"}[problem["b_major"]],
+        b_major={"k": "k", "m": "n"}[problem["a_major"]],
+        batch_strides=(batch[1], batch[0], batch[2]) if batch else None)
+
+
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
                  alpha: float = 1.0, beta: float = 0.0,
                  configs: list[dict[str, Any]] | None = None) -> None:
@@ -184,7 +206,8 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
         configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
                                max_configs=max_configs, l=problem["l"], out_dtype=layout.dtype)
     for cfg in configs:
-        if Sm90Gemm.why_not(**problem, config=cfg):
+        if Sm90Gemm.why_not(**(swapped_problem(problem) if cfg.get("swap_ab") else problem),
+                            config=cfg):
             continue
         gemm_template.maybe_append_choice(
             choices, input_nodes=nodes, layout=layout,

@@ -6,6 +6,10 @@ is a view, never a copy); a 2-D operand gets a batch mode of size 1 and stride 0
   a   (M, K)  / (L, M, K) ->  A (M, K, L)
   b   (K, N)  / (L, K, N) ->  B (N, K, L)
   out (M, N)  / (L, M, N) ->  C (M, N, L)   (also an addmm bias expanded to (M, N))
+
+Swap-AB (``C^T = B A^T``) passes ``b`` as the kernel's A (``as_nkl_from_kn``), ``a`` as
+its B (``as_mkl``) and the output and bias as ``as_nml``: C^T (N, M, L), column-major
+for a row-major output.
 """
 
 from __future__ import annotations
@@ -36,3 +40,7 @@ def as_nkl_from_kn(b: cute.Tensor) -> cute.Tensor:
 
 def as_mnl(c: cute.Tensor) -> cute.Tensor:
     return _permuted(c, (1, 2, 0))
+
+
+def as_nml(c: cute.Tensor) -> cute.Tensor:
+    return _permuted(c, (2, 1, 0))

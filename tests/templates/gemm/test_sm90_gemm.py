@@ -189,7 +189,7 @@ def test_pick_configs():
         assert 1 <= len(cfgs) <= 8
         for c in cfgs:
             assert Sm90Gemm.config_error(**c) is None
-            Sm90Gemm(**c)
+            Sm90Gemm(**{key: value for key, value in c.items() if key != "swap_ab"})
     assert pick_configs(64, 8192, 8192)[0]["tile_m"] == 64
     big = pick_configs(8192, 8192, 8192)[0]
     assert big["tile_m"] * big["tile_n"] >= 128 * 256
@@ -291,15 +291,19 @@ def test_split_k_config_name():
 
 
 def test_pick_configs_offers_the_measured_decode_winners():
-    """H200 sweeps (gemm_sweep.py): at 16x14336x4096 the unsplit 64x256 tile is the
-    fastest (0.96 of cuBLAS), at 16x4096x14336 64x64 with 12 stages split in two (0.96),
-    then 64x64 and 64x128 (0.91, 0.88); no split of 8 (always slower than 2) takes
-    their places."""
-    offered = {shape: [config_name(c) for c in pick_configs(*shape)]
-               for shape in [(16, 14336, 4096), (16, 4096, 14336)]}
-    assert "t64x256x64_c1x1_1wg_rn" in offered[16, 14336, 4096]
-    assert {"t64x64x64_c1x1_1wg_rn_s12_k2", "t64x64x64_c1x1_1wg_rn_k2",
-            "t64x128x64_c1x1_1wg_rn_k2"} <= set(offered[16, 4096, 14336])
+    """H200 sweeps (gemm_sweep.py, nt / nn): at M = 16 swapped tiles were the fastest, the
+    64x16 tile with 16 stages at 16x4096x4096 (1.05 / 1.10 of cuBLAS) and 16x4096x14336
+    (1.02 / 1.02, split in two 1.01), the 128x16 tile at 16x14336x4096 (1.01 / 1.00) and
+    at 16x128256x4096 with the 256x16 tile (1.01 / 1.01); no split of 8 (always slower
+    than 2) takes their places."""
+    shapes = [(16, 4096, 4096), (16, 14336, 4096), (16, 4096, 14336), (16, 128256, 4096)]
+    offered = {shape: [config_name(c) for c in pick_configs(*shape)] for shape in shapes}
+    assert "t64x16x64_c1x1_1wg_rm_s16_swap" in offered[16, 4096, 4096]
+    assert {"t128x16x64_c1x1_1wg_rm_swap",
+            "t128x16x64_c1x1_coop_rm_swap"} <= set(offered[16, 14336, 4096])
+    assert {"t64x16x64_c2x1_1wg_rm_s16_swap", "t64x16x64_c1x1_1wg_rm_s16_swap",
+            "t64x16x64_c1x1_1wg_rm_s16_k2_swap"} <= set(offered[16, 4096, 14336])
+    assert "t256x16x64_c1x1_coop_rm_swap" in offered[16, 128256, 4096]
     assert not any(name.endswith("_k8") for names in offered.values() for name in names)
 
 
@@ -405,3 +409,49 @@ def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
     got = result["got"]
     assert all(second == (first[0], first[1] + 1) and first[1] % 2 == 0
                for first, second in zip(got[::2], got[1::2]))
+
+
+# -- swap-AB: small tile_n, column-major C (the caller passes C^T = B A^T) ---------------
+
+SWAP_AB_CASES = [  # (config, A major, B major, bias dtype)
+    (dict(tile_m=64, tile_n=16, tile_k=64, cooperative=False, raster="m", stages=16),
+     "k", "k", None),
+    (dict(tile_m=128, tile_n=16, tile_k=64, cluster_m=2, cooperative=True, raster="m",
+          split_k=2), "m", "k", "bf16"),
+    (dict(tile_m=256, tile_n=32, tile_k=64, cooperative=True, raster="m"), "k", "n", "bf16"),
+    (dict(tile_m=128, tile_n=64, tile_k=64, cooperative=False, raster="m"), "m", "n", None),
+]
+
+
+@pytest.mark.parametrize("cfg,a_major,b_major,bias", SWAP_AB_CASES,
+                         ids=[config_name(c[0]) + f"_A{c[1]}_B{c[2]}" for c in SWAP_AB_CASES])
+def test_small_tiles_compile_with_a_column_major_output(cfg, a_major, b_major, bias):
+    cfg = dict(cfg, store="direct")
+    assert callable(compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias,
+                                      c_major="m"))
+
+
+def test_small_tile_n_needs_the_direct_store_and_sets_the_epilogue_unit():
+    assert "store='direct'" in Sm90Gemm.config_error(tile_m=64, tile_n=16, cooperative=False)
+    assert Sm90Gemm.config_error(tile_m=64, tile_n=16, cooperative=False, store="direct") is None
+    assert Sm90Gemm(tile_m=64, tile_n=16, cooperative=False, store="direct").epi_unit == 8
+    assert Sm90Gemm(tile_m=128, tile_n=16, cooperative=True, store="direct").epi_unit == 8
+    assert Sm90Gemm(tile_m=128, tile_n=32, cooperative=False, store="direct").epi_unit == 16
+    assert Sm90Gemm(tile_m=128, tile_n=128).epi_unit == 16
+
+
+def test_pick_configs_offers_swap_ab_only_for_small_m():
+    for m, tile_n in ((1, 16), (16, 16), (17, 32), (32, 32)):
+        swapped = [c for c in pick_configs(m, 14336, 4096, max_configs=100) if c.get("swap_ab")]
+        assert swapped, m
+        assert all(c["tile_n"] == tile_n and c["store"] == "direct" for c in swapped), m
+        assert all(Sm90Gemm.config_error(**c) is None for c in swapped)
+    for m in (33, 64, 128, 4096):
+        assert not any(c.get("swap_ab") for c in pick_configs(m, 14336, 4096, max_configs=100))
+
+
+def test_swap_ab_config_name():
+    cfg = dict(tile_m=64, tile_n=16, tile_k=64, cooperative=False, raster="m", swap_ab=True,
+               store="direct", split_k=2)
+    assert config_name(cfg) == "t64x16x64_c1x1_1wg_rm_k2_swap"
+

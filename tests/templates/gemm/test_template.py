@@ -83,3 +83,24 @@ def test_pingpong_choice_renders_and_compiles(graph):
     assert "pingpong=PINGPONG" in choice.source and "PINGPONG: cutlass.Constexpr = True" in choice.source
     assert "PINGPONG=True" in choice.description
     assert isinstance(choice.load().kernel_fn, tvm_ffi.Function)
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm"])
+def test_swap_ab_choice_renders_and_compiles(graph, op):
+    """At small M the swap-AB choice passes the kernel (B, A, C^T) and the bias as C^T's."""
+    a = make_input(graph, "a", (16, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 14336), torch.bfloat16, stride=(1, 4096))
+    nodes = [a, b]
+    if op == "addmm":
+        nodes.insert(0, make_input(graph, "bias", (16, 14336), torch.bfloat16, stride=(0, 1)))
+    choices = []
+    gemm_choices(choices, op, nodes, make_layout((16, 14336), torch.bfloat16),
+                 alpha=1.0, beta=1.0 if op == "addmm" else 0.0)
+    swapped = [c for c in choices if c.params.get("SWAP_AB")]
+    assert swapped
+    source = swapped[0].source
+    assert "as_nkl_from_kn(b), as_mkl(a), as_nml(out)" in source
+    assert ("bias_view = as_nml(bias)" in source) == (op == "addmm")
+    assert all("SWAP_AB" not in c.source for c in choices if not c.params.get("SWAP_AB"))
+    assert isinstance(swapped[0].load().kernel_fn, tvm_ffi.Function)
+
