@@ -6,8 +6,8 @@
     python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
         [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--ranked 8] [--top 12]
 
-``--variant key=value`` (repeatable) adds, for every candidate, a copy with that field
-replaced, where the result is a valid config; ``--ranked N`` keeps the heuristic's first
+``--variant key=value[,key=value...]`` (repeatable) adds, for every candidate, a copy
+with those fields replaced, where the result is a valid config; ``--ranked N`` keeps the heuristic's first
 N candidates only (and their variants).  ``--precompile`` needs no GPU: it only
 compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so that
 a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
@@ -40,18 +40,22 @@ from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
 TOLERANCE = 2e-2
 
 
-def parse_variant(text: str) -> tuple[str, Any]:
-    """``"tile_k=128"`` -> ``("tile_k", 128)`` (values as Python literals, else strings)."""
-    key, _, value = text.partition("=")
-    if not key or not value:
-        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
+def parse_variant(text: str) -> dict[str, Any]:
+    """``"tile_n=224,tile_k=64"`` -> ``{"tile_n": 224, "tile_k": 64}`` (values as Python
+    literals, else strings)."""
+    fields = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key or not value:
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        try:
+            fields[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            fields[key] = value
+    return fields
 
 
-def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]],
+def sweep_configs(m: int, n: int, k: int, variants: list[dict[str, Any]],
                   ranked_limit: int = 10_000) -> list[tuple[dict[str, Any], int | None]]:
     """(config, heuristic rank or None) for the first ``ranked_limit`` ranked candidates
     and their valid variants."""
@@ -60,7 +64,7 @@ def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]],
     # candidate that has its own 12-stage entry) must not hide its rank.
     entries = [(cfg, rank if rank < config.gemm_max_configs else None)
                for rank, cfg in enumerate(ranked)]
-    entries += [(dict(cfg, **{key: value}), None) for cfg in ranked for key, value in variants]
+    entries += [(dict(cfg, **fields), None) for cfg in ranked for fields in variants]
     configs, seen = [], set()
     for candidate, rank in entries:
         name = config_name(candidate)
@@ -71,7 +75,7 @@ def sweep_configs(m: int, n: int, k: int, variants: list[tuple[str, Any]],
     return configs
 
 
-def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[tuple[str, Any]],
+def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, Any]],
                   ranked_limit: int) -> list[tuple[dict[str, Any], int | None, Any]]:
     """(config, rank, template choice) for the configs the kernel can run here."""
     from torch._inductor import ir
