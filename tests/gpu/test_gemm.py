@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cutedsl_inductor import config
-from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, config_name
+from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, DEFAULT_CONFIGS, config_name
 
 pytestmark = pytest.mark.gpu
 
@@ -43,6 +43,11 @@ def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1, conf
         yield choice.description, out
 
 
+def operand_a(m, k, dtype, transposed):
+    return (torch.randn(k, m, device="cuda", dtype=dtype).t() if transposed
+            else torch.randn(m, k, device="cuda", dtype=dtype))
+
+
 def operand_b(k, n, dtype, transposed):
     return (torch.randn(n, k, device="cuda", dtype=dtype).t() if transposed
             else torch.randn(k, n, device="cuda", dtype=dtype))
@@ -59,9 +64,7 @@ CASES = [  # (M, N, K, dtype, A transposed, B transposed)
 
 @pytest.mark.parametrize("m,n,k,dtype,a_t,b_t", CASES)
 def test_mm_matches_float64(m, n, k, dtype, a_t, b_t):
-    a = torch.randn(k, m, device="cuda", dtype=dtype).t() if a_t else torch.randn(
-        m, k, device="cuda", dtype=dtype)
-    b = operand_b(k, n, dtype, b_t)
+    a, b = operand_a(m, k, dtype, a_t), operand_b(k, n, dtype, b_t)
     ref = a.double() @ b.double()
     for description, out in template_outputs("mm", [a, b], (m, n), configs=2):
         assert relative_error(out, ref) < TOLERANCE, description
@@ -87,6 +90,18 @@ def test_small_tile_configs_match_float64(cfg):
     assert relative_error(out, a.double() @ b.double()) < TOLERANCE, description
 
 
+@pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS
+                                 if c["tile_n"] == 224], ids=config_name)
+@pytest.mark.parametrize("b_t", [False, True])
+def test_224_wide_tiles_match_float64(cfg, b_t):
+    """N tiles of 224 (not a power of two; B N-major in 64-byte swizzled smem) over M, N
+    and K tails."""
+    a = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(1000, 1000, torch.bfloat16, b_t)
+    ((description, out),) = template_outputs("mm", [a, b], (300, 1000), config_list=[cfg])
+    assert relative_error(out, a.double() @ b.double()) < TOLERANCE, description
+
+
 def test_bmm_matches_float64():
     a = torch.randn(3, 200, 72, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3, 72, 136, device="cuda", dtype=torch.bfloat16)
@@ -105,14 +120,19 @@ def test_bmm_with_a_broadcast_operand_matches_float64():
         assert relative_error(out, ref) < TOLERANCE, description
 
 
-def test_addmm_bias_alpha_beta_match_float64():
-    a = torch.randn(260, 128, device="cuda", dtype=torch.bfloat16)
-    b = operand_b(128, 512, torch.bfloat16, True)
-    bias = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+def check_addmm_bias_alpha_beta(m, n, k, **choices):
+    """addmm with a bias vector, alpha 0.5 and beta 2 (``choices``: template_outputs')."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(k, n, torch.bfloat16, True)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     ref = 2.0 * bias.double() + 0.5 * (a.double() @ b.double())
-    for description, out in template_outputs("addmm", [bias.expand(260, 512), a, b],
-                                              (260, 512), alpha=0.5, beta=2.0):
+    for description, out in template_outputs("addmm", [bias.expand(m, n), a, b], (m, n),
+                                              alpha=0.5, beta=2.0, **choices):
         assert relative_error(out, ref) < TOLERANCE, description
+
+
+def test_addmm_bias_alpha_beta_match_float64():
+    check_addmm_bias_alpha_beta(260, 512, 128)
 
 
 # -- swap-AB (C^T = B A^T, small M) through the template ------------------------------
@@ -134,9 +154,7 @@ SWAP_AB_CASES = [  # (M, N, K, dtype, A transposed, B transposed): tiles of 16 a
 
 @pytest.mark.parametrize("m,n,k,dtype,a_t,b_t", SWAP_AB_CASES)
 def test_swap_ab_configs_match_float64(m, n, k, dtype, a_t, b_t):
-    a = torch.randn(k, m, device="cuda", dtype=dtype).t() if a_t else torch.randn(
-        m, k, device="cuda", dtype=dtype)
-    b = operand_b(k, n, dtype, b_t)
+    a, b = operand_a(m, k, dtype, a_t), operand_b(k, n, dtype, b_t)
     ref = a.double() @ b.double()
     configs = swap_ab_configs(m) + (swap_ab_configs(m, split_k=2)[:2] if m == 16 else [])
     outputs = list(template_outputs("mm", [a, b], (m, n), configs=len(configs),
@@ -148,14 +166,7 @@ def test_swap_ab_configs_match_float64(m, n, k, dtype, a_t, b_t):
 
 
 def test_swap_ab_addmm_and_bmm_match_float64():
-    a = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
-    b = operand_b(256, 520, torch.bfloat16, True)
-    bias = torch.randn(520, device="cuda", dtype=torch.bfloat16)
-    ref = 2.0 * bias.double() + 0.5 * (a.double() @ b.double())
-    for description, out in template_outputs("addmm", [bias.expand(16, 520), a, b], (16, 520),
-                                              alpha=0.5, beta=2.0, configs=2,
-                                              config_list=swap_ab_configs(16)[:2]):
-        assert relative_error(out, ref) < TOLERANCE, description
+    check_addmm_bias_alpha_beta(16, 520, 256, configs=2, config_list=swap_ab_configs(16)[:2])
     a3 = torch.randn(3, 5, 72, device="cuda", dtype=torch.bfloat16)
     b3 = torch.randn(3, 72, 136, device="cuda", dtype=torch.bfloat16)
     for description, out in template_outputs("bmm", [a3, b3], (3, 5, 136), configs=2,

@@ -319,6 +319,19 @@ def test_pick_configs_offers_multicast_weights_where_m_spans_few_tiles():
     assert "t128x64x64_c2x1_1wg_rm" in offered[256, 4096, 14336]
 
 
+def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
+    """14336 / 224 = 64 N tiles fill waves that 128- and 256-wide tiles leave part empty.
+    H200 sweeps (gemm_sweep.py, nt / nn, of cuBLAS): 64x224 c2x1 at 128x14336x4096 0.99 /
+    0.95 (the best offered then 0.97 / 0.99), 128x224 c2x1 at 256x14336x4096 0.95 / 1.02
+    (0.92 / 1.01) and at 1024x14336x4096 0.96 / 1.00 (0.92 / 1.00)."""
+    assert "t64x224x64_c2x1_1wg_rn" in [config_name(c) for c in pick_configs(128, 14336, 4096)]
+    for m in (256, 1024):
+        assert "t128x224x64_c2x1_coop_rm" in [config_name(c)
+                                              for c in pick_configs(m, 14336, 4096)], m
+    assert Sm90Gemm.config_error(tile_n=224, tile_m=128) is None
+    assert "not in" in Sm90Gemm.config_error(tile_n=96, tile_m=128)
+
+
 def test_pick_configs_splits_k_only_when_tiles_are_few():
     for m in (1, 16, 64, 128, 256):
         for n, k in ((4096, 4096), (4096, 14336)):
