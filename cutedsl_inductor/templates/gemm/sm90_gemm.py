@@ -1275,7 +1275,9 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     per-tile work is ``ceil(k / split_k)`` plus the DSMEM reduction, counted
     as ``_SPLIT_K_REDUCE_K * (split_k - 1) / split_k`` K elements.  Swap-AB
     candidates (``swap_ab=True``, M <= ``_SWAP_AB_MAX_M``) are scored on the
-    swapped problem (N x M), their own split-K variants included.
+    swapped problem (N x M), their own split-K variants included; ``swap_ab`` is
+    the caller's field (the template passes the kernel B, A and C^T), not a
+    :class:`Sm90Gemm` parameter.
     """
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     direct = (n * c_bytes) % 16 != 0

@@ -14,7 +14,7 @@ pointers) and appends one choice per config from the heuristic (``pick_configs``
 Under dynamic shapes a stride that is a runtime size must be known to be aligned: the
 graph serves later sizes too, and the checks on this call's sizes say nothing of them.
 A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters, a
-swap-AB config (M <= 64) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), the
+swap-AB config (M <= 32) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), the
 weight in the WGMMA's M mode, and the fused epilogue swaps the coordinates back.
 A problem that does not suit it gets no choice, with a debug log saying why.
 """
