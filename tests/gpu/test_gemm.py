@@ -138,10 +138,9 @@ def test_addmm_bias_alpha_beta_match_float64():
 # -- swap-AB (C^T = B A^T, small M) through the template ------------------------------
 
 def swap_ab_configs(m, split_k=1):
-    from cutedsl_inductor.templates.gemm.sm90_gemm import _SWAP_AB_BASE_CONFIGS, _swap_ab_tile_n
+    from cutedsl_inductor.templates.gemm.sm90_gemm import _swap_ab_configs
 
-    configs = [dict(c, tile_n=_swap_ab_tile_n(m), swap_ab=True, store="direct")
-               for c in _SWAP_AB_BASE_CONFIGS]
+    configs = _swap_ab_configs(m)
     return [dict(c, split_k=split_k) for c in configs] if split_k > 1 else configs
 
 

@@ -1189,7 +1189,7 @@ _SPLIT_K_BASE_CONFIGS = [
 ]
 # Swap-AB candidates for small M (<= _SWAP_AB_MAX_M): the caller computes C^T = B A^T,
 # so the weight's N rows fill the WGMMA's M mode (64-row atoms) and torch's M its N mode,
-# in a tile of 16 or 32 (``_swap_ab_tile_n``) instead of a 64-row tile that is mostly
+# in a tile of 16 or 32 (``_swap_ab_configs``) instead of a 64-row tile that is mostly
 # padding; the output is the column-major C^T, written by the direct store.  tile_n is
 # filled in per problem.  On the H200 (bf16, gemm_sweep.py, nt / nn, ratios to cuBLAS) at
 # M = 16 the best swapped tile against the best unswapped one: 16x4096x4096 1.05 / 1.10
@@ -1211,8 +1211,11 @@ _SWAP_AB_BASE_CONFIGS = [
 _SWAP_AB_MAX_M = 32
 
 
-def _swap_ab_tile_n(m: int) -> int:
-    return 16 if m <= 16 else 32
+def _swap_ab_configs(m: int) -> list:
+    """The swap-AB candidates for an M <= _SWAP_AB_MAX_M: C^T's N tile 16 or 32 wide."""
+    tile_n = 16 if m <= 16 else 32
+    return [dict(cfg, tile_n=tile_n, swap_ab=True, store="direct")
+            for cfg in _SWAP_AB_BASE_CONFIGS]
 
 
 # 8 (clusters of 8 CTAs, 15 co-resident) is not offered: on the H200 it lost every time to
@@ -1285,8 +1288,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     candidates = list(DEFAULT_CONFIGS + _EXTRA_CONFIGS)
     split_bases = [(cfg, m, n) for cfg in _SPLIT_K_BASE_CONFIGS]
     if m <= _SWAP_AB_MAX_M:
-        swapped = [dict(cfg, tile_n=_swap_ab_tile_n(m), swap_ab=True, store="direct")
-                   for cfg in _SWAP_AB_BASE_CONFIGS]
+        swapped = _swap_ab_configs(m)
         candidates += swapped
         split_bases += [(cfg, n, m) for cfg in swapped]
     for cfg, pm, pn in split_bases:
