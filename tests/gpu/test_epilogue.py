@@ -105,16 +105,21 @@ def test_the_fused_kernels_of_our_fastest_choices_are_timed(caplog):
     assert len(timed) == 2 and timed[kept] == min(timed.values())  # ties: either is fastest
 
 
-@pytest.mark.parametrize("m,n", [(200, 264), (1, 4104), (130, 392)])
-def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
-    """M and N tails: the epilogue of out-of-problem values reads its inputs at clamped
-    coordinates and is dropped by the store; everything in the problem matches eager."""
+def check_row_column_and_full_inputs(m, n):
+    """A fused epilogue reading a column vector (bias), a row vector and a full tensor."""
     x, w, b, r = randn(m, 512), randn(n, 512), randn(n), randn(m, n)
     rows = randn(m, 1)
     fn = lambda x, w, b, r, rows: torch.relu(x @ w.t() + b) * rows + r  # noqa: E731
     result, code = compiled_with_fusion(fn, x, w, b, r, rows)
     assert "_epilogue(" in code
     assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
+
+
+@pytest.mark.parametrize("m,n", [(200, 264), (1, 4104), (130, 392)])
+def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
+    """M and N tails: the epilogue of out-of-problem values reads its inputs at clamped
+    coordinates and is dropped by the store; everything in the problem matches eager."""
+    check_row_column_and_full_inputs(m, n)
 
 
 @pytest.mark.parametrize("m,n", [(5, 264), (16, 4104), (32, 392)])
@@ -129,12 +134,7 @@ def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch)
         return [c for c in ranked if c.get("swap_ab")][:2]
 
     monkeypatch.setattr(template, "pick_configs", swap_ab_only)
-    x, w, b, r = randn(m, 512), randn(n, 512), randn(n), randn(m, n)
-    rows = randn(m, 1)
-    fn = lambda x, w, b, r, rows: torch.relu(x @ w.t() + b) * rows + r  # noqa: E731
-    result, code = compiled_with_fusion(fn, x, w, b, r, rows)
-    assert "_epilogue(" in code
-    assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
+    check_row_column_and_full_inputs(m, n)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "odd row stride", "odd offset"])
