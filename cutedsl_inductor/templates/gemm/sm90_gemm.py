@@ -6,7 +6,15 @@ For every batch index ``l``::
 
     C[:, :, l] = cast( alpha * (A[:, :, l] @ B[:, :, l]^T) + beta * Bias[:, :, l] )
 
-with the accumulation in fp32 and the epilogue math in fp32.
+with the accumulation in fp32 and the epilogue math in fp32.  With ``swiglu=True``
+there are two weights, B (the gate) and B_up, of one shape and layout, and no bias::
+
+    C[:, :, l] = cast( silu(A[:, :, l] @ B[:, :, l]^T) * (A[:, :, l] @ B_up[:, :, l]^T) )
+
+the SwiGLU of an LLM MLP in one kernel: each stage loads A's tile once and both
+weights' tiles, each warpgroup keeps one accumulator per weight (same layout, so value
+i of one pairs with value i of the other), and the epilogue combines them before the
+fusion hook sees the value.
 
 Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
 
@@ -169,6 +177,7 @@ __all__ = [
     "Sm90Gemm",
     "DEFAULT_CONFIGS",
     "pick_configs",
+    "swiglu_configs",
     "config_name",
     "make_fake_gemm_args",
     "compile_sm90_gemm",
@@ -259,6 +268,9 @@ class Sm90Gemm:
         taking alternate tiles of the CTA's walk, so that one's epilogue
         overlaps the other's mainloop.  Needs ``cooperative=False``; tile_m
         64 or 128 (per warpgroup).
+    :param swiglu: two weights, ``silu(A @ B^T) * (A @ B_up^T)`` (see the module
+        docstring); no split-K, no bias; the accumulators of both count towards the
+        register limit below.
     :param acc_dtype: accumulator type; only ``cutlass.Float32``.
     :param max_active_clusters: persistent grid cap; default
         ``num_sms // (cluster_m * cluster_n)`` (split-K: ``num_sms // split_k``,
@@ -278,7 +290,8 @@ class Sm90Gemm:
         predicated per-element stores from registers, any N, slower epilogue.
 
     The per-thread accumulator is limited to 128 fp32 registers:
-    ``tile_m * tile_n <= 128 * 128 * (#consumer warpgroups sharing a tile)``.
+    ``tile_m * tile_n * (2 if swiglu else 1) <= 128 * 128 * (#consumer warpgroups
+    sharing a tile)``.
     """
 
     def __init__(
@@ -298,12 +311,13 @@ class Sm90Gemm:
         store: str = "tma",
         split_k: int = 1,
         pingpong: bool = False,
+        swiglu: bool = False,
     ):
         err = self.config_error(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
             cluster_n=cluster_n, stages=stages, raster=raster,
             group_size=group_size, cooperative=cooperative, acc_dtype=acc_dtype,
-            store=store, split_k=split_k, pingpong=pingpong,
+            store=store, split_k=split_k, pingpong=pingpong, swiglu=swiglu,
         )
         if err is not None:
             raise ValueError(f"Sm90Gemm: {err}")
@@ -317,6 +331,9 @@ class Sm90Gemm:
         self.pingpong = bool(pingpong)
         self.store = store
         self.split_k = int(split_k)
+        self.swiglu = bool(swiglu)
+        # B tiles per pipeline stage: the gate's and, with swiglu, the up projection's.
+        self.b_tiles = 2 if self.swiglu else 1
         self.acc_dtype = cutlass.Float32
         if max_active_clusters is None:
             max_active_clusters = (_split_k_clusters(int(num_sms),
@@ -353,7 +370,7 @@ class Sm90Gemm:
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
         cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
-        split_k: int = 1, pingpong: bool = False, **_unused: Any,
+        split_k: int = 1, pingpong: bool = False, swiglu: bool = False, **_unused: Any,
     ) -> Optional[str]:
         """Return why a kernel configuration is invalid, or None if it is valid."""
         if store not in ("tma", "direct"):
@@ -381,8 +398,12 @@ class Sm90Gemm:
                     "32 columns of a tile of at least 64)")
         if tile_k not in (32, 64, 128):
             return f"tile_k={tile_k} not in (32, 64, 128)"
-        if tile_m * tile_n > 128 * 128 * wgs:
-            return (f"tile {tile_m}x{tile_n} needs more than 128 accumulator "
+        if swiglu and split_k > 1:
+            return f"split_k={split_k} needs swiglu=False"
+        b_tiles = 2 if swiglu else 1
+        if tile_m * tile_n * b_tiles > 128 * 128 * wgs:
+            what = "two accumulators of a " if swiglu else ""
+            return (f"{what}tile {tile_m}x{tile_n} need(s) more than 128 accumulator "
                     f"registers per thread with {wgs} consumer warpgroup(s)")
         if cluster_m not in (1, 2) or cluster_n not in (1, 2):
             return f"cluster ({cluster_m},{cluster_n}) must have entries in (1, 2)"
@@ -395,7 +416,8 @@ class Sm90Gemm:
         # smem feasibility with the widest supported output (fp32); ping-pong
         # keeps one epilogue buffer per consumer warpgroup.
         epi_wgs = 2 if pingpong else wgs
-        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k) < 2:
+        if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k,
+                                b_tiles) < 2:
             extra = " next to the split-K reduction buffer" if split_k > 1 else ""
             return f"tile does not fit two pipeline stages in shared memory{extra}"
         return None
@@ -412,8 +434,9 @@ class Sm90Gemm:
 
     @staticmethod
     def _num_stages(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int,
-                    c_bytes: int, wgs: int, requested: int, split_k: int = 1) -> int:
-        per_stage = (tile_m + tile_n) * tile_k * ab_bytes
+                    c_bytes: int, wgs: int, requested: int, split_k: int = 1,
+                    b_tiles: int = 1) -> int:
+        per_stage = (tile_m + tile_n * b_tiles) * tile_k * ab_bytes
         budget = (SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
                   - Sm90Gemm._reduce_bytes(tile_m, tile_n, split_k))
         fit = budget // per_stage
@@ -494,7 +517,7 @@ class Sm90Gemm:
         c_bytes = c_dtype.width // 8
         self.stages = self._num_stages(
             self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages, self.split_k,
+            self.num_consumer_wgs, self.requested_stages, self.split_k, self.b_tiles,
         )
         if self.stages < 2:
             raise ValueError(
@@ -509,7 +532,10 @@ class Sm90Gemm:
         )
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype, self.stages)
-        self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype, self.stages)
+        # With swiglu the up projection's tile of ring stage s sits in B's slot
+        # stages + s: one buffer, every slot at the swizzle's alignment.
+        self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype,
+                                                       self.stages * self.b_tiles)
         # Ping-pong: each consumer warpgroup has its own epi_stages buffers.
         epi_groups = self.num_consumer_wgs // self.tile_wgs
         self.sC_layout = sm90_utils.make_smem_layout_epi(
@@ -535,11 +561,16 @@ class Sm90Gemm:
         self.launch(mA, mB, mC, mBias, alpha, beta, stream)
 
     @cute.jit
-    def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None):
+    def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None, mB_up=None):
         """Trace-time body of ``__call__``.  A fusing subclass defines its own
         ``__call__`` with extra tensor arguments and forwards them here as
         ``epi_args`` (any pytree of tensors/scalars); they reach
-        :meth:`epilogue_op` unchanged."""
+        :meth:`epilogue_op` unchanged.  ``mB_up``: the second weight, with
+        ``swiglu`` (same shape and layout as ``mB``; only then)."""
+        if cutlass.const_expr(self.swiglu != (mB_up is not None)):
+            raise ValueError("Sm90Gemm: B_up is given exactly when swiglu=True")
+        if cutlass.const_expr(self.swiglu and mBias is not None):
+            raise ValueError("Sm90Gemm: swiglu takes no bias")
         self._setup(
             mA.element_type, mB.element_type, mC.element_type,
             LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB),
@@ -557,6 +588,11 @@ class Sm90Gemm:
         tma_b, tB = cpasync.make_tiled_tma_atom(
             b_op, mB, cute.slice_(self.sB_layout, (None, None, 0)), (tn, tk),
             num_multicast=self.cluster_m)
+        tma_b_up, tB_up = None, None
+        if cutlass.const_expr(self.swiglu):
+            tma_b_up, tB_up = cpasync.make_tiled_tma_atom(
+                b_op, mB_up, cute.slice_(self.sB_layout, (None, None, 0)), (tn, tk),
+                num_multicast=self.cluster_m)
         tma_c, tC = None, mC
         if cutlass.const_expr(self.store == "tma"):
             tma_c, tC = cpasync.make_tiled_tma_atom(
@@ -594,7 +630,7 @@ class Sm90Gemm:
         self.smem_struct = GemmSmem
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_c, tC, mBias, alpha, beta, epi_args,
+            tma_a, tA, tma_b, tB, tma_b_up, tB_up, tma_c, tC, mBias, alpha, beta, epi_args,
             self.tiled_mma,
             self.cluster_layout(),
             self.sA_layout, self.sB_layout, self.sC_layout,
@@ -704,6 +740,19 @@ class Sm90Gemm:
             for i in cutlass.range(cute.size(acc), unroll_full=True):
                 acc[i] = acc[i] * alpha + beta * prefetched[i].to(cutlass.Float32)
 
+    @cute.jit
+    def accumulated(self, acc, acc_up, i):
+        """Value ``i`` of the tile's result before the epilogue, read through an opaque
+        copy (see the module docstring): ``A @ B^T``, or with ``swiglu``
+        ``silu(A @ B^T) * (A @ B_up^T)`` (``g * 1 / (1 + exp(-g))`` with the hardware
+        exp and reciprocal, as Inductor's own kernels compute silu)."""
+        value = _opaque_copy(acc[i])
+        if cutlass.const_expr(self.swiglu):
+            gate = value
+            value = (gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True))
+                     * _opaque_copy(acc_up[i]))
+        return value
+
     @staticmethod
     def _epi_slice(t, s, shape):
         """Elements ``[s * n, (s + 1) * n)`` (``n = size(shape)``, compile-time ``s``) of
@@ -750,6 +799,8 @@ class Sm90Gemm:
         tA: cute.Tensor,
         tma_b: cute.CopyAtom,
         tB: cute.Tensor,
+        tma_b_up: Optional[cute.CopyAtom],
+        tB_up: Optional[cute.Tensor],
         tma_c: Optional[cute.CopyAtom],
         tC: cute.Tensor,
         mBias: Optional[cute.Tensor],
@@ -776,6 +827,8 @@ class Sm90Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
+            if cutlass.const_expr(self.swiglu):
+                cpasync.prefetch_descriptor(tma_b_up)
             if cutlass.const_expr(self.store == "tma"):
                 cpasync.prefetch_descriptor(tma_c)
 
@@ -817,7 +870,8 @@ class Sm90Gemm:
 
         stage_bytes = cute.size_in_bytes(
             self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
-        ) + cute.size_in_bytes(self.b_dtype, cute.slice_(sB_layout, (None, None, 0)))
+        ) + self.b_tiles * cute.size_in_bytes(self.b_dtype,
+                                              cute.slice_(sB_layout, (None, None, 0)))
         # Creating the pipeline also initialises its mbarriers and syncs the
         # whole cluster, so every CTA sees initialised barriers before any
         # multicast or remote arrive.  Multicast stays within one split rank
@@ -847,6 +901,12 @@ class Sm90Gemm:
         tBsB, tBgB = cpasync.tma_partition(
             tma_b, cta_crd[0], cute.make_layout(self.cluster_m),
             cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        if cutlass.const_expr(self.swiglu):
+            # the smem side partitions as B's (same box): only the gmem side is B_up's
+            _, tBgB_up = cpasync.tma_partition(
+                tma_b_up, cta_crd[0], cute.make_layout(self.cluster_m),
+                cute.group_modes(sB, 0, 2),
+                cute.group_modes(cute.local_tile(tB_up, (tn, tk), (None, None, None)), 0, 2))
 
         linear_start = cute.arch.block_idx()[2]
         n_persistent = cute.arch.grid_dim()[2]
@@ -863,6 +923,8 @@ class Sm90Gemm:
                         linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
                     src_a = tAgA[(None, m_t, None, l_t)]
                     src_b = tBgB[(None, n_t, None, l_t)]
+                    if cutlass.const_expr(self.swiglu):
+                        src_b_up = tBgB_up[(None, n_t, None, l_t)]
                     for kt in range(my_k_tiles):
                         ring.producer_acquire(prod_state)
                         bar = ring.producer_get_barrier(prod_state)
@@ -871,6 +933,10 @@ class Sm90Gemm:
                                   tma_bar_ptr=bar, mcast_mask=mask_a)
                         cute.copy(tma_b, src_b[(None, k_idx)], tBsB[(None, prod_state.index)],
                                   tma_bar_ptr=bar, mcast_mask=mask_b)
+                        if cutlass.const_expr(self.swiglu):
+                            cute.copy(tma_b_up, src_b_up[(None, k_idx)],
+                                      tBsB[(None, self.stages + prod_state.index)],
+                                      tma_bar_ptr=bar, mcast_mask=mask_b)
                         ring.producer_commit(prod_state)
                         prod_state.advance()
                     linear += n_persistent
@@ -896,6 +962,10 @@ class Sm90Gemm:
             tCrB = tiled_mma.make_fragment_B(tCsB)
             acc = cute.make_rmem_tensor(
                 tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
+            acc_up = None
+            if cutlass.const_expr(self.swiglu):
+                acc_up = cute.make_rmem_tensor(
+                    tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
             unit = self.epi_unit
             num_units = cute.size(acc) // unit
@@ -926,6 +996,7 @@ class Sm90Gemm:
                 thr_r2s = r2s.get_slice(ctid)
                 tRS_sC = thr_r2s.partition_D(sC)                 # (V, M, N, EPI_STAGE)
                 tRS_acc = r2s.retile(acc)                        # whole tile, per thread
+                tRS_acc_up = r2s.retile(acc_up) if self.swiglu else None
                 sub_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
                 sub_f32 = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
                 sub_out = cute.make_rmem_tensor(sub_shape, self.c_dtype)
@@ -975,6 +1046,8 @@ class Sm90Gemm:
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
+                if cutlass.const_expr(self.swiglu):
+                    acc_up.fill(0.0)
                 for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
                     # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
@@ -983,6 +1056,11 @@ class Sm90Gemm:
                         cute.gemm(tiled_mma, acc,
                                   tCrA[(None, None, kb, read_state.index)],
                                   tCrB[(None, None, kb, read_state.index)], acc)
+                        if cutlass.const_expr(self.swiglu):
+                            cute.gemm(tiled_mma, acc_up,
+                                      tCrA[(None, None, kb, read_state.index)],
+                                      tCrB[(None, None, kb, self.stages + read_state.index)],
+                                      acc_up)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if kt > 0:
@@ -1076,7 +1154,8 @@ class Sm90Gemm:
                                 sub_inputs = self.epilogue_prefetch(
                                     sub_coords, l_t, prob_m, prob_n, mBias, epi_args)
                             for v in cutlass.range_constexpr(sub_size):
-                                sub_f32[v] = _opaque_copy(tRS_acc[s * sub_size + v])
+                                sub_f32[v] = self.accumulated(tRS_acc, tRS_acc_up,
+                                                              s * sub_size + v)
                             self.epilogue_op(sub_f32, sub_coords, l_t, prob_m, prob_n, mBias,
                                              alpha, beta, epi_args, sub_inputs)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
@@ -1101,7 +1180,7 @@ class Sm90Gemm:
                     for s in cutlass.range_constexpr(num_units):
                         if s % split == split_rank:
                             for v in cutlass.range_constexpr(unit):
-                                chunk[v] = _opaque_copy(acc[s * unit + v])
+                                chunk[v] = self.accumulated(acc, acc_up, s * unit + v)
                             chunk_coords = self._epi_slice(coords, s, (unit,))
                             self.epilogue_op(
                                 chunk, chunk_coords, l_t, prob_m, prob_n, mBias, alpha, beta,
@@ -1245,18 +1324,20 @@ _PINGPONG_ONE_WAVE = 0.9
 
 def config_name(cfg: dict) -> str:
     """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
-    ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's)."""
+    ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu`` for
+    the two-weight kernel)."""
     split_k = cfg.get("split_k", 1)
     if cfg.get("pingpong", False):
         consumers = "pp"
     else:
         consumers = "coop" if cfg.get("cooperative", True) else "1wg"
-    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}{}".format(
+    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
         cfg.get("cluster_n", 1), consumers,
         cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
         f"_k{split_k}" if split_k > 1 else "",
         "_swap" if cfg.get("swap_ab") else "",
+        "_swiglu" if cfg.get("swiglu") else "",
         "_direct" if cfg.get("store", "tma") == "direct" and not cfg.get("swap_ab") else "")
 
 
@@ -1332,6 +1413,28 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         cfg = dict(cfg, store="direct") if direct else dict(cfg)
         if cfg not in out:
             out.append(cfg)
+        if len(out) >= max_configs:
+            break
+    return out
+
+
+def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
+                   l: int = 1, out_dtype: Any = None) -> list:
+    """Ranked configs of the two-weight kernel (``swiglu=True``) for an (m, n, k, l)
+    problem: per output tile it does the WGMMA work of a GEMM tile twice as wide, so the
+    configs are :func:`pick_configs`'s for N = 2n (those without split-K or swap-AB)
+    with half their tile width, where that width is offered (the direct store where
+    ``n`` rows of the output are not whole 16-byte units)."""
+    c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
+    store = "direct" if (n * c_bytes) % 16 else "tma"
+    out = []
+    for cfg in pick_configs(m, 2 * n, k, dtype, max_configs=len(DEFAULT_CONFIGS) * 4,
+                            l=l, out_dtype=out_dtype):
+        if cfg.get("split_k", 1) > 1 or cfg.get("swap_ab") or cfg["tile_n"] % 2:
+            continue
+        dual = dict(cfg, tile_n=cfg["tile_n"] // 2, swiglu=True, store=store)
+        if Sm90Gemm.config_error(**dual) is None and dual not in out:
+            out.append(dual)
         if len(out) >= max_configs:
             break
     return out
