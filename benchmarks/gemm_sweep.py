@@ -6,6 +6,8 @@
     python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
         [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--ranked 8] [--top 12]
 
+``--swiglu`` sweeps SwiGLU's two-weight kernel instead (``silu(a @ b1) * (a @ b3)``, the
+configs ``swiglu_configs`` ranks), timed against two cuBLAS GEMMs alone.
 ``--variant key=value[,key=value...]`` (repeatable) adds, for every candidate, a copy
 with those fields replaced, where the result is a valid config; ``--ranked N`` keeps the heuristic's first
 N candidates only (and their variants).  ``--precompile`` needs no GPU: it only
@@ -35,7 +37,7 @@ from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
 from cutedsl_inductor.bench.timing import median_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
-    Sm90Gemm, config_name, pick_configs)
+    Sm90Gemm, config_name, pick_configs, swiglu_configs)
 
 TOLERANCE = 2e-2
 
@@ -56,10 +58,11 @@ def parse_variant(text: str) -> dict[str, Any]:
 
 
 def sweep_configs(m: int, n: int, k: int, variants: list[dict[str, Any]],
-                  ranked_limit: int = 10_000) -> list[tuple[dict[str, Any], int | None]]:
+                  ranked_limit: int = 10_000, swiglu: bool = False
+                  ) -> list[tuple[dict[str, Any], int | None]]:
     """(config, heuristic rank or None) for the first ``ranked_limit`` ranked candidates
-    and their valid variants."""
-    ranked = pick_configs(m, n, k, max_configs=ranked_limit)
+    (of the two-weight kernel with ``swiglu``) and their valid variants."""
+    ranked = (swiglu_configs if swiglu else pick_configs)(m, n, k, max_configs=ranked_limit)
     # The ranked candidates first: a variant that renames to one of them (stages=12 of a
     # candidate that has its own 12-stage entry) must not hide its rank.
     entries = [(cfg, rank if rank < config.gemm_max_configs else None)
@@ -76,43 +79,51 @@ def sweep_configs(m: int, n: int, k: int, variants: list[dict[str, Any]],
 
 
 def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, Any]],
-                  ranked_limit: int) -> list[tuple[dict[str, Any], int | None, Any]]:
+                  ranked_limit: int, swiglu: bool = False
+                  ) -> list[tuple[dict[str, Any], int | None, Any]]:
     """(config, rank, template choice) for the configs the kernel can run here."""
     from torch._inductor import ir
 
     from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.gemm.template import gemm_choices
+    from cutedsl_inductor.templates.gemm.template import gemm_choices, swiglu_choices
 
     b_stride = (1, k) if layout == "nt" else (n, 1)
     out = []
     with scratch_graph() as scratch:
-        nodes = [scratch.input((m, k), torch.bfloat16), scratch.input((k, n), torch.bfloat16,
-                                                                      b_stride)]
+        nodes = [scratch.input((m, k), torch.bfloat16)]
+        nodes += [scratch.input((k, n), torch.bfloat16, b_stride) for _ in range(1 + swiglu)]
         out_layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [m, n])
-        for cfg, rank in sweep_configs(m, n, k, variants, ranked_limit):
+        for cfg, rank in sweep_configs(m, n, k, variants, ranked_limit, swiglu):
             choices: list[Any] = []
-            gemm_choices(choices, "mm", nodes, out_layout, configs=[cfg])
+            if swiglu:
+                swiglu_choices(choices, nodes, out_layout, configs=[cfg])
+            else:
+                gemm_choices(choices, "mm", nodes, out_layout, configs=[cfg])
             out += [(cfg, rank, choice) for choice in choices]
     return out
 
 
-def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int) -> int:
+def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
+                 swiglu: bool = False) -> int:
     """Print the ``top`` fastest configs of one shape; return how many were wrong."""
     a, b = operands(m, n, k, torch.bfloat16, layout)
-    reference = a.double() @ b.double()
+    weights = [b] + [operands(m, n, k, torch.bfloat16, layout)[1] for _ in range(swiglu)]
+    products = [a.double() @ w.double() for w in weights]
+    reference = (torch.nn.functional.silu(products[0]) * products[1] if swiglu
+                 else products[0])
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * m * n * k
-    cublas = flops / median_ms(lambda: torch.mm(a, b)) / 1e9
+    flops = 2 * m * n * k * len(weights)
+    cublas = flops / median_ms(lambda: [torch.mm(a, w) for w in weights]) / 1e9
     rows, failures = [], 0
     for cfg, rank, choice in entries:
         try:
             run = choice.load().run
             out.fill_(math.nan)
-            run(a, b, out)
+            run(a, *weights, out)
             error = ((out.double() - reference).norm() / reference.norm()).item()
             if not error < TOLERANCE:
                 raise AssertionError(f"relative error {error:.2e}")
-            rows.append((flops / median_ms(lambda: run(a, b, out)) / 1e9, cfg, rank))
+            rows.append((flops / median_ms(lambda: run(a, *weights, out)) / 1e9, cfg, rank))
         except Exception as err:  # a failing config is reported, the others go on
             failures += 1
             print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
@@ -136,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranked", type=int, default=10_000, metavar="N",
                         help="only the heuristic's first N candidates (and their variants)")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--swiglu", action="store_true",
+                        help="the two-weight kernel, against two cuBLAS GEMMs")
     parser.add_argument("--precompile", action="store_true",
                         help="compile every config into the kernel cache (no GPU needed)")
     args = parser.parse_args(argv)
@@ -146,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     with config.patch(arch="sm_90a", disk_cache=True):
         for m, n, k in args.shapes:
             for layout in args.layouts.split(","):
-                entries = sweep_choices(m, n, k, layout, args.variant, args.ranked)
+                entries = sweep_choices(m, n, k, layout, args.variant, args.ranked,
+                                        args.swiglu)
                 if args.precompile:
                     for cfg, _, choice in entries:
                         try:
@@ -156,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
                     print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
                 else:
-                    failures += time_choices(m, n, k, layout, entries, args.top)
+                    failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu)
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

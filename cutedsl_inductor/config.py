@@ -52,7 +52,9 @@ compile_options: str = os.environ.get("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "")
 # How many GEMM configs the heuristic offers per shape, and whether to offer all.
 gemm_max_configs: int = _env_int("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8)
 gemm_exhaustive: bool = _env_bool("CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False)
-# Fuse pointwise consumers into templates that define an epilogue (``def_epilogue``).
+# Fuse pointwise consumers into templates that define an epilogue (``def_epilogue``), and
+# (with CUTEDSL a max-autotune GEMM backend) SwiGLU's two GEMMs into one
+# (``inductor/swiglu.py``).
 epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
 # Under max-autotune, how many of our fastest choices for a GEMM with a pointwise consumer
 # are timed again with that epilogue fused, the fastest fused one taken (< 2: no retiming).

@@ -49,10 +49,11 @@ def use_virtual_sm90(monkeypatch):
 
 
 @contextlib.contextmanager
-def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False):
+def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False, post_grad=False):
     """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor (its
-    C++ wrapper with ``cpp_wrapper``); yields the GraphLowering, installed as V.graph
-    (build a Scheduler from its operations)."""
+    C++ wrapper with ``cpp_wrapper``, after its post-grad passes with ``post_grad``);
+    yields the GraphLowering, installed as V.graph (build a Scheduler from its
+    operations)."""
     from torch._inductor.debug import DebugContext
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.graph import GraphLowering
@@ -64,6 +65,11 @@ def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False):
     with mode:
         args = [torch.empty(shape, device="cuda", dtype=dtype) for shape in shapes]
     gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    if post_grad:
+        from torch._inductor.fx_passes.post_grad import post_grad_passes
+
+        with V.set_fake_mode(mode):
+            post_grad_passes(gm, is_inference=True)
     graph = GraphLowering(gm, example_inputs=args, cpp_wrapper=cpp_wrapper)
     with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), \
             V.set_fake_mode(mode):

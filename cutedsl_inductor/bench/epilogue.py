@@ -3,7 +3,7 @@ fused into our GEMM, against Inductor's default and max-autotune (Triton epilogu
 fusion), measured in one run.
 
 Blocks (bf16): gelu(x @ w.T + b); relu(addmm(b, x, w.T)) * 0.5 + residual;
-silu(x @ w1.T) * (x @ w3.T). Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096),
+silu(x @ w1.T) * (x @ w3.T) (ours: one two-weight GEMM, ``inductor/swiglu.py``). Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096),
 (14336, 4096)} (``--quick``: M in {128, 8192}, (4096, 4096); ``--shapes MxNxK,...``: those;
 ``--shard K/N``: every N-th shape from the K-th, to split the suite across GPUs or runs,
 each writing its own CSV). Ours: max-autotune with
@@ -55,8 +55,9 @@ def blocks(m: int, n: int, k: int) -> dict[str, tuple[Any, tuple[torch.Tensor, .
 
 
 def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any, bool, str]:
-    """The compiled function, whether every consumer ran inside a GEMM kernel, and the
-    configs of our GEMM kernels in its output code."""
+    """The compiled function, whether every consumer ran inside a GEMM kernel (an
+    epilogue, or SwiGLU's two-weight kernel), and the configs of our GEMM kernels in its
+    output code."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -72,7 +73,8 @@ def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any
     if not error < 1e-2:
         raise AssertionError(f"{variant}: relative error {error}")
     code = "\n".join(codes)
-    return out, "_epilogue(" in code and "triton_poi" not in code, gemm_configs(code)
+    fused = "_epilogue(" in code or "'SWIGLU': True" in code
+    return out, fused and "triton_poi" not in code, gemm_configs(code)
 
 
 def gemm_configs(code: str) -> str:
@@ -82,8 +84,9 @@ def gemm_configs(code: str) -> str:
         p = ast.literal_eval(match.group(1))
         kind = "pp" if p["PINGPONG"] else "coop" if p["COOPERATIVE"] else "1wg"
         split = f" k{p['SPLIT_K']}" if "SPLIT_K" in p else ""
+        swiglu = " swiglu" if "SWIGLU" in p else ""
         names.append(f"{p['TILE_M']}x{p['TILE_N']}x{p['TILE_K']} "
-                     f"c{p['CLUSTER_M']}x{p['CLUSTER_N']} {kind}{split}")
+                     f"c{p['CLUSTER_M']}x{p['CLUSTER_N']} {kind}{split}{swiglu}")
     return ", ".join(names)
 
 

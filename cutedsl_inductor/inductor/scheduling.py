@@ -216,17 +216,19 @@ def _involves_cutedsl(*nodes: Any) -> bool:
 
 def install() -> None:
     """Register ``CuteDSLCombinedScheduling`` for CUDA devices, our part of the FX graph
-    cache key, our GEMM choices and our pre-fusion pass (idempotent)."""
+    cache key, our GEMM choices, our pre-fusion pass and the SwiGLU rewrite (idempotent)."""
     from torch._inductor.codegen import common
 
     from .cache_key import install_cache_key
     from .choices import install_choices
     from .multi_template import install_pre_fusion_pass
+    from .swiglu import install_swiglu
 
     common.init_backend_registration()
     install_cache_key()
     install_choices()
     install_pre_fusion_pass()
+    install_swiglu()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(

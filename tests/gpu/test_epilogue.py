@@ -50,7 +50,8 @@ def test_block_fuses_and_matches_eager(block):
     args = make_args()
     result, code = compiled_with_fusion(fn, *args)
     assert relative_error(result, fn(*args)) < 1e-2
-    assert "_epilogue(" in code
+    # SwiGLU: both GEMMs and the product in one two-weight kernel, nothing fused after it
+    assert ("'SWIGLU': True" if block == "swiglu" else "_epilogue(") in code
     assert "triton_poi_fused" not in code, "a consumer stayed a separate kernel"
 
 
@@ -151,3 +152,83 @@ def test_residual_views_read_in_column_pairs_match_eager(layout):
         result, code = compiled_with_fusion(fn, x, w, r)
         assert "cutedsl_sm90_gemm" in code
         assert relative_error(result, fn(x, w, r)) < 1e-2
+
+
+SWIGLU_SHAPES = {  # x, weight (N, K) as nn.Linear stores it; "kn": weights (K, N), x @ w
+    "tails": ((200, 520), (264, 520), torch.bfloat16, "nk"),
+    "3-d x, fp16": ((2, 77, 512), (392, 512), torch.float16, "nk"),
+    "weights (K, N)": ((256, 512), (384, 512), torch.bfloat16, "kn"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SWIGLU_SHAPES))
+def test_swiglu_runs_as_one_kernel_and_matches_eager(case):
+    x_shape, w_shape, dtype, layout = SWIGLU_SHAPES[case]
+    x = torch.randn(*x_shape, device="cuda", dtype=dtype)
+    w1, w3 = (torch.randn(*w_shape, device="cuda", dtype=dtype) for _ in range(2))
+    if layout == "kn":
+        w1, w3 = w1.t().contiguous(), w3.t().contiguous()
+        fn = lambda x, w1, w3: F.silu(x @ w1) * (x @ w3)  # noqa: E731
+    else:
+        fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    result, code = compiled_with_fusion(fn, x, w1, w3)
+    assert "'SWIGLU': True" in code
+    for other_kernel in ("extern_kernels.mm(", "triton_poi", "triton_tem"):
+        assert other_kernel not in code
+    assert relative_error(result, fn(x, w1, w3)) < 1e-2
+
+
+def test_swiglu_the_kernel_cannot_take_runs_as_before():
+    """N = 100: the output's 200-byte rows are not 16-byte units (TMA), so no two-weight
+    choice; the lowering emits Inductor's own mms (ATen here) and pointwise kernel."""
+    fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    x, w1, w3 = randn(130, 256), randn(100, 256), randn(100, 256)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(max_autotune=True, fx_graph_cache=False,
+                                      max_autotune_gemm_backends="ATEN,CUTEDSL"), \
+            config.patch(epilogue_fusion=True):
+        from torch._inductor.utils import run_and_get_code
+
+        result, codes = run_and_get_code(torch.compile(fn), x, w1, w3)
+    code = "\n".join(codes)
+    assert "SWIGLU" not in code and code.count("extern_kernels.mm(") == 2
+    assert relative_error(result, fn(x, w1, w3)) < 1e-2
+
+
+SWIGLU_CONFIGS = [
+    dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m"),
+    dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n"),
+    dict(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m"),
+    dict(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n"),
+    dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct"),
+]
+
+
+@pytest.mark.parametrize("cfg", SWIGLU_CONFIGS, ids=lambda c: "{tile_m}x{tile_n}".format(**c)
+                         + ("_pp" if c.get("pingpong") else "_coop" if c["cooperative"]
+                            else "_1wg"))
+def test_each_kind_of_swiglu_kernel_matches_eager(cfg, monkeypatch):
+    """One config at a time, the only choice (the ATen fallback filtered out): M, N and K
+    tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled."""
+    from cutedsl_inductor.templates.gemm import template
+
+    monkeypatch.setattr(template, "swiglu_configs",
+                        lambda *args, **kwargs: [dict(cfg, swiglu=True)])
+    x, w1, w3 = randn(1000, 712), randn(1048, 712), randn(1048, 712)
+    fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    with torch._inductor.config.patch({"test_configs.autotune_choice_desc_regex": "SWIGLU"}):
+        result, code = compiled_with_fusion(fn, x, w1, w3)
+    assert "'SWIGLU': True" in code
+    assert relative_error(result, fn(x, w1, w3)) < 1e-2
+
+
+def test_swiglu_with_a_dynamic_batch_serves_every_m():
+    """x's sequence length marked dynamic: the rewrite keeps the symbolic sizes (the
+    reshapes of a 3-D x) and the kernel serves the traced size."""
+    fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    w1, w3 = randn(264, 512), randn(264, 512)
+    x = randn(3, 100, 512)
+    torch._dynamo.mark_dynamic(x, 1)
+    result, code = compiled_with_fusion(fn, x, w1, w3)
+    assert "'SWIGLU': True" in code
+    assert relative_error(result, fn(x, w1, w3)) < 1e-2

@@ -17,6 +17,9 @@ A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the paramet
 swap-AB config (M <= 32) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), the
 weight in the WGMMA's M mode, and the fused epilogue swaps the coordinates back.
 A problem that does not suit it gets no choice, with a debug log saying why.
+``swiglu_choices(nodes, layout)`` appends the two-weight configs (``SWIGLU``:
+``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``) for the lowering of
+``cutedsl::swiglu_mm`` (``inductor/swiglu.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
-from .sm90_gemm import DEFAULT_CONFIGS, Sm90Gemm, pick_configs
+from .sm90_gemm import DEFAULT_CONFIGS, Sm90Gemm, pick_configs, swiglu_configs
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +91,20 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 {%- endif %}
 
 @cute.jit
-{% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
+{% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
     gemm = {% if has_epilogue %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
+        {%- if SWIGLU is defined %} swiglu=True,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
-{%- if has_epilogue %}
+{%- if has_epilogue or SWIGLU is defined %}
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream,
-                epi_args={{epilogue_inputs()}})
+                {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
+                {%- if SWIGLU is defined %} mB_up=as_nkl_from_kn(b_up),{% endif %})
 {%- else %}
     gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
          cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
@@ -123,6 +128,8 @@ def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> d
         params["SPLIT_K"] = cfg["split_k"]
     if cfg.get("swap_ab"):
         params["SWAP_AB"] = True
+    if cfg.get("swiglu"):
+        params["SWIGLU"] = True
     return params
 
 
@@ -215,6 +222,35 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
         )
 
 
+def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
+                   configs: list[dict[str, Any]] | None = None) -> None:
+    """Append the two-weight kernel's choices for ``silu(x @ w_gate) * (x @ w_up)``,
+    ``nodes`` = [x, w_gate, w_up] (weights as the mm's (K, N) operands, of one layout);
+    none, with a debug log, where the GEMM of x and either weight does not suit the
+    kernel (see ``gemm_problem``)."""
+    x, w_gate, w_up = nodes
+    problem, reason = gemm_problem([x, w_gate], layout)
+    if reason is None:
+        up_problem, reason = gemm_problem([x, w_up], layout)
+        if reason is None and up_problem["b_major"] != problem["b_major"]:
+            reason = "the two weights differ in layout"
+    if reason is not None:
+        log.debug("no CuteDSL SwiGLU choice: %s", reason)
+        return
+    if configs is None:
+        max_configs = (len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive
+                       else config.gemm_max_configs)
+        configs = swiglu_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
+                                 max_configs=max_configs, l=problem["l"],
+                                 out_dtype=layout.dtype)
+    for cfg in configs:
+        if Sm90Gemm.why_not(**problem, config=cfg) or Sm90Gemm.why_not(**up_problem,
+                                                                       config=cfg):
+            continue
+        gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
+                                          **_params(cfg, False, 1.0, 0.0))
+
+
 PRECOMPILE_SHAPE = (4096, 4096, 4096)
 
 
@@ -224,8 +260,9 @@ def precompile_choices(scratch: Any, shapes: list[tuple[int, int, int]] | None =
     class; others compile on first use): mm with B row-major and transposed (an
     nn.Linear weight), for bf16 and fp16, at each (M, N, K) of ``shapes`` (default:
     ``PRECOMPILE_SHAPE``; the heuristic picks different configs for different shapes);
-    addmm with a bias vector and bmm, bf16, at ``PRECOMPILE_SHAPE``.  Choices of
-    different shapes that render the same kernel compile once."""
+    addmm with a bias vector and bmm, bf16, at ``PRECOMPILE_SHAPE``; SwiGLU's two-weight
+    kernel (bf16, nn.Linear weights) at each shape.  Choices of different shapes that
+    render the same kernel compile once."""
     from torch._inductor import ir
 
     m, n, k = PRECOMPILE_SHAPE
@@ -240,6 +277,9 @@ def precompile_choices(scratch: Any, shapes: list[tuple[int, int, int]] | None =
                 a = scratch.input((sm, sk), dtype)
                 b = scratch.input((sk, sn), dtype, b_stride)
                 gemm_choices(choices, "mm", [a, b], output(dtype, sm, sn))
+        x = scratch.input((sm, sk), torch.bfloat16)
+        w_gate, w_up = (scratch.input((sk, sn), torch.bfloat16, (1, sk)) for _ in range(2))
+        swiglu_choices(choices, [x, w_gate, w_up], output(torch.bfloat16, sm, sn))
     bf16 = torch.bfloat16
     a, w_t = scratch.input((m, k), bf16), scratch.input((k, n), bf16, (1, k))
     bias = scratch.input((m, n), bf16, (0, 1))

@@ -1,0 +1,232 @@
+"""SwiGLU as one GEMM: ``silu(x @ w_gate) * (x @ w_up)`` in a single kernel.
+
+Fusing the multiply into the second GEMM's epilogue still writes ``silu(x @ w_gate)``
+to memory and reads it back, and runs two kernels. ``SwiGLUPass``, a post-grad graph
+pass (Inductor's ``post_grad_custom_post_pass``, installed by ``install()``), replaces
+the pattern with the custom op ``cutedsl::swiglu_mm(x, w_gate, w_up)``, whose lowering
+autotunes the GEMM template's two-weight configs (``swiglu_choices``) against an ATen
+fallback (two cuBLAS GEMMs and in-place silu and multiply, ``cutedsl_swiglu_mm_aten``).
+
+The pattern, as AOT autograd leaves it: ``mul(convert(silu(convert(mm(x, w_gate)))),
+mm(x, w_up))`` with silu decomposed (``c / (1 + exp(-c))`` or ``c * sigmoid(c)``), the
+conversions optional, either factor first, each mm possibly behind reshapes (a 3-D
+``x`` flattened, once per mm). It is rewritten only where it is safe and can pay:
+
+* ``config.epilogue_fusion`` is on and CUTEDSL is a max-autotune GEMM backend;
+* x and the weights are 2-D bf16/fp16 CUDA tensors of one dtype and the target is
+  sm_90, and both mms read the same x (the same node or equal reshapes of one node);
+* every intermediate is used by the pattern alone (a value that autograd saves, or any
+  other consumer, keeps the graph as it was).
+
+Failure semantics: the lowering offers the template's choices only where the problem
+suits the kernel; where none is offered it lowers the original decomposition through
+Inductor's own lowerings, so the graph costs what it would have. A choice that fails to
+compile or run is dropped by the autotuner, and the ATen fallback remains.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.select_algorithm import ExternKernelChoice
+
+log = logging.getLogger(__name__)
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_VIEWS = (aten.reshape.default, aten.view.default)
+
+
+@torch.library.custom_op("cutedsl::swiglu_mm", mutates_args=())
+def swiglu_mm(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ w_gate) * (x @ w_up)`` for 2-D x (M, K) and weights (K, N)."""
+    out = x.new_empty(x.shape[0], w_gate.shape[1])
+    return swiglu_mm_out(x, w_gate, w_up, out=out)
+
+
+@swiglu_mm.register_fake
+def _(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w_gate.shape[1])
+
+
+def swiglu_mm_out(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *,
+                  out: torch.Tensor) -> torch.Tensor:
+    torch.mm(x, w_gate, out=out)
+    torch.nn.functional.silu(out, inplace=True)
+    return out.mul_(torch.mm(x, w_up))
+
+
+# made at import, so that cached output code that calls it finds it registered
+swiglu_mm_aten = ExternKernelChoice(swiglu_mm_out, name="cutedsl_swiglu_mm_aten",
+                                    has_out_variant=True)
+
+
+def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
+    """Inductor lowering of ``cutedsl::swiglu_mm`` (see the module docstring)."""
+    from torch._inductor import ir
+
+    from ..autotune.select import autotune_select_algorithm
+    from ..templates.gemm.template import swiglu_choices
+
+    x, w_gate, w_up = (ir.ExternKernel.realize_input(node) for node in (x, w_gate, w_up))
+    layout = ir.FixedLayout(x.get_device(), x.get_dtype(),
+                            [x.get_size()[0], w_gate.get_size()[1]])
+    choices: list[Any] = []
+    swiglu_choices(choices, [x, w_gate, w_up], layout)
+    if not choices:
+        return _lower_decomposed(x, w_gate, w_up)
+    choices.insert(0, swiglu_mm_aten.bind([x, w_gate, w_up], layout))
+    return autotune_select_algorithm("cutedsl_swiglu_mm", choices, [x, w_gate, w_up], layout)
+
+
+def _lower_decomposed(x: Any, w_gate: Any, w_up: Any) -> Any:
+    """The pattern as it was, through Inductor's lowerings (its mm autotuning included)."""
+    from torch._inductor.lowering import lowerings
+
+    def call(op: Any, *args: Any) -> Any:
+        return lowerings[op](*args)
+
+    gate = call(prims.convert_element_type.default, call(aten.mm.default, x, w_gate),
+                torch.float32)
+    one_plus = call(aten.add.Tensor, call(aten.exp.default, call(aten.neg.default, gate)), 1)
+    silu = call(prims.convert_element_type.default, call(aten.div.Tensor, gate, one_plus),
+                x.get_dtype())
+    return call(aten.mul.Tensor, silu, call(aten.mm.default, x, w_up))
+
+
+# ------------------------------------------------------------------ graph rewrite
+def _strip(node: Any, targets: tuple[Any, ...], matched: list[Any]) -> Any:
+    """Follow ``node`` through calls of ``targets`` (recorded in ``matched``)."""
+    while isinstance(node, torch.fx.Node) and node.target in targets:
+        matched.append(node)
+        node = node.args[0]
+    return node
+
+
+def _call(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.target == target
+
+
+def _silu_input(node: Any, matched: list[Any]) -> Any:
+    """c where ``node`` is silu(c), decomposed or not (the nodes recorded), else None."""
+    if _call(node, aten.silu.default):
+        matched.append(node)
+        return node.args[0]
+    if _call(node, aten.mul.Tensor) and _call(node.args[1], aten.sigmoid.default):
+        c = node.args[0]
+        if node.args[1].args[0] is c:
+            matched += [node, node.args[1]]
+            return c
+    if _call(node, aten.div.Tensor) and _call(node.args[1], aten.add.Tensor):
+        c, add = node.args
+        exp = add.args[0]
+        if (add.args[1] == 1 and _call(exp, aten.exp.default)
+                and _call(exp.args[0], aten.neg.default) and exp.args[0].args[0] is c):
+            matched += [node, add, exp, exp.args[0]]
+            return c
+    return None
+
+
+def _same_input(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    return (_call(a, aten.reshape.default) or _call(a, aten.view.default)) and (
+        b.target == a.target and b.args[0] is a.args[0] and list(b.args[1]) == list(a.args[1]))
+
+
+def _match(mul: Any) -> tuple[Any, Any, list[Any]] | None:
+    """(the gate mm, the up mm, every node the rewrite removes) for a SwiGLU ``mul``."""
+    for gate_side, up_side in ((mul.args[0], mul.args[1]), (mul.args[1], mul.args[0])):
+        matched = [mul]
+        up = _strip(up_side, _VIEWS, matched)
+        c = _silu_input(_strip(gate_side, (prims.convert_element_type.default,), matched),
+                        matched)
+        gate = _strip(_strip(c, (prims.convert_element_type.default,), matched), _VIEWS,
+                      matched)
+        if not (_call(gate, aten.mm.default) and _call(up, aten.mm.default)):
+            continue
+        matched += [gate, up]
+        if not _same_input(gate.args[0], up.args[0]):
+            continue
+        inside = set(matched)
+        if all(set(node.users) <= inside for node in matched if node is not mul):
+            return gate, up, matched
+    return None
+
+
+def _suits(gate: Any, up: Any, out: Any) -> bool:
+    from ..compile.compiler import target_arch
+
+    values = [gate.args[0].meta.get("val"), gate.args[1].meta.get("val"),
+              up.args[1].meta.get("val")]
+    if any(v is None for v in values) or out.meta.get("val") is None:
+        return False
+    dtype = values[0].dtype
+    return (target_arch().startswith("sm_90") and dtype in (torch.bfloat16, torch.float16)
+            and all(v.dtype == dtype and v.dim() == 2 and v.device.type == "cuda"
+                    for v in values) and out.meta["val"].dtype == dtype)
+
+
+def rewrite_swiglu(graph: torch.fx.Graph) -> int:
+    """Replace every suitable SwiGLU pattern in ``graph``; returns how many."""
+    rewritten = 0
+    for mul in [n for n in graph.nodes if _call(n, aten.mul.Tensor)]:
+        if mul.graph is not graph or len(mul.args) != 2:  # erased by an earlier rewrite
+            continue
+        found = _match(mul)
+        if found is None or not _suits(found[0], found[1], mul):
+            continue
+        gate, up, _ = found
+        x, w_gate, w_up = gate.args[0], gate.args[1], up.args[1]
+        with graph.inserting_before(mul):
+            fused = graph.call_function(torch.ops.cutedsl.swiglu_mm.default, (x, w_gate, w_up))
+            fused.meta["val"] = torch.ops.cutedsl.swiglu_mm.default(
+                x.meta["val"], w_gate.meta["val"], w_up.meta["val"])
+            result = fused
+            # the mm's result reshaped as the up factor was (its sizes: nodes where dynamic)
+            up_factor = mul.args[1] if _strip(mul.args[1], _VIEWS, []) is up else mul.args[0]
+            if up_factor is not up:
+                result = graph.call_function(up_factor.target, (fused, *up_factor.args[1:]))
+                result.meta["val"] = mul.meta["val"]
+        mul.replace_all_uses_with(result)
+        rewritten += 1
+    if rewritten:
+        graph.eliminate_dead_code()
+        log.debug("SwiGLU: %d pattern(s) rewritten to cutedsl::swiglu_mm", rewritten)
+    return rewritten
+
+
+class SwiGLUPass(CustomGraphPass):
+    """``rewrite_swiglu`` where enabled, then the pass that was installed before ours."""
+
+    def __init__(self, previous: Any = None) -> None:
+        self.previous = previous
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        from .. import config
+        from .choices import cutedsl_gemm_enabled
+
+        if config.epilogue_fusion and cutedsl_gemm_enabled():
+            rewrite_swiglu(graph)
+        if self.previous is not None:
+            self.previous(graph)
+
+    def uuid(self) -> Any:
+        from .cache_key import package_fingerprint
+
+        previous = self.previous.uuid() if self.previous is not None else None
+        return package_fingerprint("SwiGLUPass", previous)
+
+
+def install_swiglu() -> None:
+    """Install ``SwiGLUPass`` and the lowering of ``cutedsl::swiglu_mm`` (idempotent)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.lowering import lowerings, register_lowering
+
+    current = inductor_config.post_grad_custom_post_pass
+    if not isinstance(current, SwiGLUPass):
+        inductor_config.post_grad_custom_post_pass = SwiGLUPass(current)
+    if torch.ops.cutedsl.swiglu_mm.default not in lowerings:
+        register_lowering(torch.ops.cutedsl.swiglu_mm.default)(lower_swiglu_mm)

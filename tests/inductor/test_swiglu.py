@@ -1,0 +1,110 @@
+"""The SwiGLU rewrite: Inductor's post-grad graph of ``silu(x @ w1.t()) * (x @ w3.t())``
+becomes one two-weight CuteDSL GEMM (lowered and compiled GPU-less on a virtual sm_90),
+and every graph the kernel cannot serve stays as it was."""
+
+import ast
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cutedsl_inductor import config
+from cutedsl_inductor.inductor.swiglu import rewrite_swiglu
+from cutedsl_inductor.runtime.loader import load_kernel
+from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
+from tests.helpers import lowered, use_virtual_sm90
+
+
+def swiglu(x, w1, w3):
+    return F.silu(x @ w1.t()) * (x @ w3.t())
+
+
+@pytest.fixture
+def max_autotune(monkeypatch):
+    """Our GEMMs under max-autotune on a virtual sm_90, one config per GEMM."""
+    use_virtual_sm90(monkeypatch)
+    with torch._inductor.config.patch(max_autotune=True,
+                                      max_autotune_gemm_backends="ATEN,CUTEDSL"), \
+            config.patch(epilogue_fusion=True, gemm_max_configs=1):
+        yield
+
+
+# Nothing can be benchmarked here: Inductor's test filter leaves only our kernel's choice
+# of the SwiGLU lowering, whose ATen fallback it drops.
+OURS_ONLY = {"test_configs.autotune_choice_desc_regex": "sm90_gemm"}
+
+
+def kernel_definitions(code):
+    return [node for node in ast.parse(code).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "load_kernel"]
+
+
+def mm_count(graph):
+    return sum(node.target == torch.ops.aten.mm.default for node in graph.graph.nodes)
+
+
+@pytest.mark.parametrize("x_shape", [(256, 512), (2, 96, 512)], ids=["2d", "3d"])
+def test_swiglu_becomes_one_two_weight_gemm_that_compiles(x_shape, max_autotune):
+    with torch._inductor.config.patch(OURS_ONLY), \
+            lowered(swiglu, x_shape, (384, 512), (384, 512), post_grad=True) as graph:
+        code = graph.codegen()[0].value
+    (definition,) = kernel_definitions(code)
+    source = ast.unparse(definition)
+    assert "swiglu=True" in source and "mB_up=" in source
+    calls = code.split("async_compile.wait")[1]
+    assert "triton" not in calls and "extern_kernels.mm" not in calls
+    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
+                 "ScalarSpec": ScalarSpec}
+    exec(compile(ast.Module([definition], type_ignores=[]), "output_code", "exec"), namespace)
+    name = definition.targets[0].id
+    assert namespace[name].kernel_fn is not None
+
+
+def gate_reused(x, w1, w3):
+    gate = x @ w1.t()
+    return F.silu(gate) * (x @ w3.t()), gate
+
+
+@pytest.mark.parametrize("case", ["gate reused", "other x", "fp32", "fusion off",
+                                  "plain product"])
+def test_graphs_the_kernel_cannot_serve_keep_both_mms(case, max_autotune):
+    fn, dtype = swiglu, torch.bfloat16
+    shapes = [(256, 512), (384, 512), (384, 512)]
+    if case == "gate reused":
+        fn = gate_reused
+    elif case == "other x":
+        fn = lambda x, w1, w3: F.silu(x @ w1.t()) * ((x + 1) @ w3.t())  # noqa: E731
+    elif case == "fp32":
+        dtype = torch.float32
+    elif case == "plain product":
+        fn = lambda x, w1, w3: (x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    with config.patch(epilogue_fusion=case != "fusion off"):
+        with lowered(fn, *shapes, dtype=dtype, post_grad=True) as graph:
+            assert "cutedsl.swiglu_mm" not in str(graph.graph)
+            assert mm_count(graph) >= 2
+
+
+def test_rewrite_leaves_no_dead_nodes_and_keeps_the_output_shape(max_autotune):
+    with lowered(swiglu, (2, 96, 512), (384, 512), (384, 512)) as graph:
+        gm_graph = graph.graph
+        assert rewrite_swiglu(gm_graph) == 1
+        targets = [node.target for node in gm_graph.nodes if node.op == "call_function"]
+        assert torch.ops.aten.mm.default not in targets
+        assert torch.ops.cutedsl.swiglu_mm.default in targets
+        (output,) = [node for node in gm_graph.nodes if node.op == "output"]
+        assert output.args[0].meta["val"].shape == (2, 96, 384)
+
+
+def test_lowering_decomposes_where_no_choice_fits(max_autotune):
+    """K = 100 bf16 rows are not 16-byte aligned (TMA): no two-weight choice, so the
+    lowering falls back to Inductor's own mms (ATen here) and pointwise ops."""
+    from torch._inductor import ir
+
+    with lowered(swiglu, (256, 100), (384, 100), (384, 100), post_grad=True) as graph:
+        assert "cutedsl.swiglu_mm" in str(graph.graph)
+        kernels = [getattr(op, "python_kernel_name", None) for op in graph.operations
+                   if isinstance(op, ir.ExternKernel)]
+        templates = [op for op in graph.operations if isinstance(op, ir.TemplateBuffer)]
+    assert kernels == ["extern_kernels.mm", "extern_kernels.mm"]
+    assert templates == []
