@@ -73,7 +73,7 @@ def compiled(fn: Any, args: tuple[torch.Tensor, ...], variant: str) -> tuple[Any
     if not error < 1e-2:
         raise AssertionError(f"{variant}: relative error {error}")
     code = "\n".join(codes)
-    fused = "_epilogue(" in code or "'SWIGLU': True" in code
+    fused = "_epilogue(" in code or "'SWIGLU':" in code
     return out, fused and "triton_poi" not in code, gemm_configs(code)
 
 

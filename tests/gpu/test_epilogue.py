@@ -51,7 +51,7 @@ def test_block_fuses_and_matches_eager(block):
     result, code = compiled_with_fusion(fn, *args)
     assert relative_error(result, fn(*args)) < 1e-2
     # SwiGLU: both GEMMs and the product in one two-weight kernel, nothing fused after it
-    assert ("'SWIGLU': True" if block == "swiglu" else "_epilogue(") in code
+    assert ("'SWIGLU':" if block == "swiglu" else "_epilogue(") in code
     assert "triton_poi_fused" not in code, "a consumer stayed a separate kernel"
 
 
@@ -158,6 +158,8 @@ SWIGLU_SHAPES = {  # x, weight (N, K) as nn.Linear stores it; "kn": weights (K, 
     "tails": ((200, 520), (264, 520), torch.bfloat16, "nk"),
     "3-d x, fp16": ((2, 77, 512), (392, 512), torch.float16, "nk"),
     "weights (K, N)": ((256, 512), (384, 512), torch.bfloat16, "kn"),
+    "decode, swap-AB": ((1, 7, 4096), (1032, 4096), torch.bfloat16, "nk"),
+    "m=20, fp16, weights (K, N)": ((20, 512), (392, 512), torch.float16, "kn"),
 }
 
 
@@ -172,7 +174,7 @@ def test_swiglu_runs_as_one_kernel_and_matches_eager(case):
     else:
         fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
     result, code = compiled_with_fusion(fn, x, w1, w3)
-    assert "'SWIGLU': True" in code
+    assert "'SWIGLU':" in code
     for other_kernel in ("extern_kernels.mm(", "triton_poi", "triton_tem"):
         assert other_kernel not in code
     assert relative_error(result, fn(x, w1, w3)) < 1e-2
@@ -196,29 +198,34 @@ def test_swiglu_the_kernel_cannot_take_runs_as_before():
 
 
 SWIGLU_CONFIGS = [
-    dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m"),
-    dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n"),
-    dict(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m"),
-    dict(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n"),
-    dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct"),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m", swiglu="b"),
+    dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
+    dict(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m",
+         swiglu="b"),
+    dict(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n", swiglu="b"),
+    dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct", swiglu="b"),
+    # swap-AB (C^T = W X^T, the weights the kernel's A): tile_n runs over torch's M
+    dict(tile_m=64, tile_n=16, cluster_m=2, cooperative=False, raster="m", store="direct",
+         swap_ab=True, swiglu="a"),
+    dict(tile_m=128, tile_n=32, cluster_m=2, cooperative=True, raster="m", store="direct",
+         swap_ab=True, swiglu="a"),
 ]
 
 
 @pytest.mark.parametrize("cfg", SWIGLU_CONFIGS, ids=lambda c: "{tile_m}x{tile_n}".format(**c)
                          + ("_pp" if c.get("pingpong") else "_coop" if c["cooperative"]
-                            else "_1wg"))
+                            else "_1wg") + ("_swap" if c.get("swap_ab") else ""))
 def test_each_kind_of_swiglu_kernel_matches_eager(cfg, monkeypatch):
     """One config at a time, the only choice (the ATen fallback filtered out): M, N and K
     tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled."""
     from cutedsl_inductor.templates.gemm import template
 
-    monkeypatch.setattr(template, "swiglu_configs",
-                        lambda *args, **kwargs: [dict(cfg, swiglu=True)])
+    monkeypatch.setattr(template, "swiglu_configs", lambda *args, **kwargs: [cfg])
     x, w1, w3 = randn(1000, 712), randn(1048, 712), randn(1048, 712)
     fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
     with torch._inductor.config.patch({"test_configs.autotune_choice_desc_regex": "SWIGLU"}):
         result, code = compiled_with_fusion(fn, x, w1, w3)
-    assert "'SWIGLU': True" in code
+    assert "'SWIGLU':" in code
     assert relative_error(result, fn(x, w1, w3)) < 1e-2
 
 
@@ -230,5 +237,5 @@ def test_swiglu_with_a_dynamic_batch_serves_every_m():
     x = randn(3, 100, 512)
     torch._dynamo.mark_dynamic(x, 1)
     result, code = compiled_with_fusion(fn, x, w1, w3)
-    assert "'SWIGLU': True" in code
+    assert "'SWIGLU':" in code
     assert relative_error(result, fn(x, w1, w3)) < 1e-2

@@ -44,14 +44,17 @@ def mm_count(graph):
     return sum(node.target == torch.ops.aten.mm.default for node in graph.graph.nodes)
 
 
-@pytest.mark.parametrize("x_shape", [(256, 512), (2, 96, 512)], ids=["2d", "3d"])
-def test_swiglu_becomes_one_two_weight_gemm_that_compiles(x_shape, max_autotune):
+@pytest.mark.parametrize("x_shape,up_weight", [((256, 512), "mB_up="),
+                                                ((2, 96, 512), "mB_up="),
+                                                ((16, 512), "mA_up=")],
+                         ids=["2d", "3d", "decode swap-AB"])
+def test_swiglu_becomes_one_two_weight_gemm_that_compiles(x_shape, up_weight, max_autotune):
     with torch._inductor.config.patch(OURS_ONLY), \
             lowered(swiglu, x_shape, (384, 512), (384, 512), post_grad=True) as graph:
         code = graph.codegen()[0].value
     (definition,) = kernel_definitions(code)
     source = ast.unparse(definition)
-    assert "swiglu=True" in source and "mB_up=" in source
+    assert "swiglu=SWIGLU" in source and up_weight in source
     calls = code.split("async_compile.wait")[1]
     assert "triton" not in calls and "extern_kernels.mm" not in calls
     namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,

@@ -6,7 +6,7 @@ For every batch index ``l``::
 
     C[:, :, l] = cast( alpha * (A[:, :, l] @ B[:, :, l]^T) + beta * Bias[:, :, l] )
 
-with the accumulation in fp32 and the epilogue math in fp32.  With ``swiglu=True``
+with the accumulation in fp32 and the epilogue math in fp32.  With ``swiglu="b"``
 there are two weights, B (the gate) and B_up, of one shape and layout, and no bias::
 
     C[:, :, l] = cast( silu(A[:, :, l] @ B[:, :, l]^T) * (A[:, :, l] @ B_up[:, :, l]^T) )
@@ -14,7 +14,8 @@ there are two weights, B (the gate) and B_up, of one shape and layout, and no bi
 the SwiGLU of an LLM MLP in one kernel: each stage loads A's tile once and both
 weights' tiles, each warpgroup keeps one accumulator per weight (same layout, so value
 i of one pairs with value i of the other), and the epilogue combines them before the
-fusion hook sees the value.
+fusion hook sees the value.  ``swiglu="a"`` is the same with the two weights in A's
+place (``silu(A @ B^T) * (A_up @ B^T)``): the swap-AB form, C^T = W X^T, for small M.
 
 Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
 
@@ -221,6 +222,11 @@ def _dtype_key(dt: Any) -> Optional[str]:
     return _DTYPE_ALIASES.get(str(dt))
 
 
+def _operand_tiles(swiglu: str) -> tuple[int, int]:
+    """(A tiles, B tiles) per pipeline stage: two of the operand that holds two weights."""
+    return (2 if swiglu == "a" else 1), (2 if swiglu == "b" else 1)
+
+
 def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
@@ -268,9 +274,9 @@ class Sm90Gemm:
         taking alternate tiles of the CTA's walk, so that one's epilogue
         overlaps the other's mainloop.  Needs ``cooperative=False``; tile_m
         64 or 128 (per warpgroup).
-    :param swiglu: two weights, ``silu(A @ B^T) * (A @ B_up^T)`` (see the module
-        docstring); no split-K, no bias; the accumulators of both count towards the
-        register limit below.
+    :param swiglu: "" (a GEMM), "b" (two weights: ``silu(A @ B^T) * (A @ B_up^T)``)
+        or "a" (``silu(A @ B^T) * (A_up @ B^T)``); see the module docstring.  No
+        split-K, no bias; both accumulators count towards the register limit below.
     :param acc_dtype: accumulator type; only ``cutlass.Float32``.
     :param max_active_clusters: persistent grid cap; default
         ``num_sms // (cluster_m * cluster_n)`` (split-K: ``num_sms // split_k``,
@@ -290,7 +296,7 @@ class Sm90Gemm:
         predicated per-element stores from registers, any N, slower epilogue.
 
     The per-thread accumulator is limited to 128 fp32 registers:
-    ``tile_m * tile_n * (2 if swiglu else 1) <= 128 * 128 * (#consumer warpgroups
+    ``tile_m * tile_n * (2 with swiglu else 1) <= 128 * 128 * (#consumer warpgroups
     sharing a tile)``.
     """
 
@@ -311,7 +317,7 @@ class Sm90Gemm:
         store: str = "tma",
         split_k: int = 1,
         pingpong: bool = False,
-        swiglu: bool = False,
+        swiglu: str = "",
     ):
         err = self.config_error(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, cluster_m=cluster_m,
@@ -331,9 +337,9 @@ class Sm90Gemm:
         self.pingpong = bool(pingpong)
         self.store = store
         self.split_k = int(split_k)
-        self.swiglu = bool(swiglu)
-        # B tiles per pipeline stage: the gate's and, with swiglu, the up projection's.
-        self.b_tiles = 2 if self.swiglu else 1
+        self.swiglu = swiglu
+        # Tiles of A and of B per pipeline stage: the operand with two weights has two.
+        self.a_tiles, self.b_tiles = _operand_tiles(swiglu)
         self.acc_dtype = cutlass.Float32
         if max_active_clusters is None:
             max_active_clusters = (_split_k_clusters(int(num_sms),
@@ -370,7 +376,7 @@ class Sm90Gemm:
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
         cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
-        split_k: int = 1, pingpong: bool = False, swiglu: bool = False, **_unused: Any,
+        split_k: int = 1, pingpong: bool = False, swiglu: str = "", **_unused: Any,
     ) -> Optional[str]:
         """Return why a kernel configuration is invalid, or None if it is valid."""
         if store not in ("tma", "direct"):
@@ -398,10 +404,12 @@ class Sm90Gemm:
                     "32 columns of a tile of at least 64)")
         if tile_k not in (32, 64, 128):
             return f"tile_k={tile_k} not in (32, 64, 128)"
+        if swiglu not in ("", "a", "b"):
+            return f"swiglu={swiglu!r} must be '', 'a' or 'b'"
         if swiglu and split_k > 1:
-            return f"split_k={split_k} needs swiglu=False"
-        b_tiles = 2 if swiglu else 1
-        if tile_m * tile_n * b_tiles > 128 * 128 * wgs:
+            return f"split_k={split_k} needs swiglu=''"
+        a_tiles, b_tiles = _operand_tiles(swiglu)
+        if tile_m * tile_n * max(a_tiles, b_tiles) > 128 * 128 * wgs:
             what = "two accumulators of a " if swiglu else ""
             return (f"{what}tile {tile_m}x{tile_n} need(s) more than 128 accumulator "
                     f"registers per thread with {wgs} consumer warpgroup(s)")
@@ -417,7 +425,7 @@ class Sm90Gemm:
         # keeps one epilogue buffer per consumer warpgroup.
         epi_wgs = 2 if pingpong else wgs
         if Sm90Gemm._num_stages(tile_m, tile_n, tile_k, 2, 4, epi_wgs, stages, split_k,
-                                b_tiles) < 2:
+                                a_tiles, b_tiles) < 2:
             extra = " next to the split-K reduction buffer" if split_k > 1 else ""
             return f"tile does not fit two pipeline stages in shared memory{extra}"
         return None
@@ -435,8 +443,8 @@ class Sm90Gemm:
     @staticmethod
     def _num_stages(tile_m: int, tile_n: int, tile_k: int, ab_bytes: int,
                     c_bytes: int, wgs: int, requested: int, split_k: int = 1,
-                    b_tiles: int = 1) -> int:
-        per_stage = (tile_m + tile_n * b_tiles) * tile_k * ab_bytes
+                    a_tiles: int = 1, b_tiles: int = 1) -> int:
+        per_stage = (tile_m * a_tiles + tile_n * b_tiles) * tile_k * ab_bytes
         budget = (SM90_SMEM_CAPACITY - _SMEM_RESERVED - Sm90Gemm._epi_bytes(c_bytes, wgs)
                   - Sm90Gemm._reduce_bytes(tile_m, tile_n, split_k))
         fit = budget // per_stage
@@ -517,7 +525,8 @@ class Sm90Gemm:
         c_bytes = c_dtype.width // 8
         self.stages = self._num_stages(
             self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages, self.split_k, self.b_tiles,
+            self.num_consumer_wgs, self.requested_stages, self.split_k, self.a_tiles,
+            self.b_tiles,
         )
         if self.stages < 2:
             raise ValueError(
@@ -531,9 +540,10 @@ class Sm90Gemm:
             tiler_mn=(64, self.tile_n),
         )
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
-        self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype, self.stages)
-        # With swiglu the up projection's tile of ring stage s sits in B's slot
-        # stages + s: one buffer, every slot at the swizzle's alignment.
+        # With swiglu the up projection's tile of ring stage s sits in its operand's
+        # slot stages + s: one buffer, every slot at the swizzle's alignment.
+        self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype,
+                                                       self.stages * self.a_tiles)
         self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype,
                                                        self.stages * self.b_tiles)
         # Ping-pong: each consumer warpgroup has its own epi_stages buffers.
@@ -561,15 +571,18 @@ class Sm90Gemm:
         self.launch(mA, mB, mC, mBias, alpha, beta, stream)
 
     @cute.jit
-    def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None, mB_up=None):
+    def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None, mA_up=None,
+               mB_up=None):
         """Trace-time body of ``__call__``.  A fusing subclass defines its own
         ``__call__`` with extra tensor arguments and forwards them here as
         ``epi_args`` (any pytree of tensors/scalars); they reach
-        :meth:`epilogue_op` unchanged.  ``mB_up``: the second weight, with
-        ``swiglu`` (same shape and layout as ``mB``; only then)."""
-        if cutlass.const_expr(self.swiglu != (mB_up is not None)):
-            raise ValueError("Sm90Gemm: B_up is given exactly when swiglu=True")
-        if cutlass.const_expr(self.swiglu and mBias is not None):
+        :meth:`epilogue_op` unchanged.  ``mA_up`` / ``mB_up``: the second weight, with
+        ``swiglu="a"`` / ``"b"`` (same shape and layout as ``mA`` / ``mB``; only then)."""
+        given = ("a" if mA_up is not None else "") + ("b" if mB_up is not None else "")
+        if cutlass.const_expr(given != self.swiglu):
+            raise ValueError(f"Sm90Gemm: swiglu={self.swiglu!r} was given the second "
+                             f"weight(s) of {given!r}")
+        if cutlass.const_expr(self.swiglu != "" and mBias is not None):
             raise ValueError("Sm90Gemm: swiglu takes no bias")
         self._setup(
             mA.element_type, mB.element_type, mC.element_type,
@@ -588,9 +601,13 @@ class Sm90Gemm:
         tma_b, tB = cpasync.make_tiled_tma_atom(
             b_op, mB, cute.slice_(self.sB_layout, (None, None, 0)), (tn, tk),
             num_multicast=self.cluster_m)
-        tma_b_up, tB_up = None, None
-        if cutlass.const_expr(self.swiglu):
-            tma_b_up, tB_up = cpasync.make_tiled_tma_atom(
+        tma_up, t_up = None, None  # the up projection's operand, as A's or B's
+        if cutlass.const_expr(self.swiglu == "a"):
+            tma_up, t_up = cpasync.make_tiled_tma_atom(
+                a_op, mA_up, cute.slice_(self.sA_layout, (None, None, 0)), (tm, tk),
+                num_multicast=self.cluster_n)
+        if cutlass.const_expr(self.swiglu == "b"):
+            tma_up, t_up = cpasync.make_tiled_tma_atom(
                 b_op, mB_up, cute.slice_(self.sB_layout, (None, None, 0)), (tn, tk),
                 num_multicast=self.cluster_m)
         tma_c, tC = None, mC
@@ -630,7 +647,7 @@ class Sm90Gemm:
         self.smem_struct = GemmSmem
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_b_up, tB_up, tma_c, tC, mBias, alpha, beta, epi_args,
+            tma_a, tA, tma_b, tB, tma_up, t_up, tma_c, tC, mBias, alpha, beta, epi_args,
             self.tiled_mma,
             self.cluster_layout(),
             self.sA_layout, self.sB_layout, self.sC_layout,
@@ -747,7 +764,7 @@ class Sm90Gemm:
         ``silu(A @ B^T) * (A @ B_up^T)`` (``g * 1 / (1 + exp(-g))`` with the hardware
         exp and reciprocal, as Inductor's own kernels compute silu)."""
         value = _opaque_copy(acc[i])
-        if cutlass.const_expr(self.swiglu):
+        if cutlass.const_expr(self.swiglu != ""):
             gate = value
             value = (gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True))
                      * _opaque_copy(acc_up[i]))
@@ -799,8 +816,8 @@ class Sm90Gemm:
         tA: cute.Tensor,
         tma_b: cute.CopyAtom,
         tB: cute.Tensor,
-        tma_b_up: Optional[cute.CopyAtom],
-        tB_up: Optional[cute.Tensor],
+        tma_up: Optional[cute.CopyAtom],
+        t_up: Optional[cute.Tensor],
         tma_c: Optional[cute.CopyAtom],
         tC: cute.Tensor,
         mBias: Optional[cute.Tensor],
@@ -827,8 +844,8 @@ class Sm90Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            if cutlass.const_expr(self.swiglu):
-                cpasync.prefetch_descriptor(tma_b_up)
+            if cutlass.const_expr(self.swiglu != ""):
+                cpasync.prefetch_descriptor(tma_up)
             if cutlass.const_expr(self.store == "tma"):
                 cpasync.prefetch_descriptor(tma_c)
 
@@ -868,7 +885,7 @@ class Sm90Gemm:
                     cute.arch.mbarrier_init(reduce_ready, (split - 1) * num_consumer_warps)
                     cute.arch.mbarrier_init(reduce_free, (split - 1) * num_consumer_warps)
 
-        stage_bytes = cute.size_in_bytes(
+        stage_bytes = self.a_tiles * cute.size_in_bytes(
             self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
         ) + self.b_tiles * cute.size_in_bytes(self.b_dtype,
                                               cute.slice_(sB_layout, (None, None, 0)))
@@ -901,12 +918,18 @@ class Sm90Gemm:
         tBsB, tBgB = cpasync.tma_partition(
             tma_b, cta_crd[0], cute.make_layout(self.cluster_m),
             cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-        if cutlass.const_expr(self.swiglu):
-            # the smem side partitions as B's (same box): only the gmem side is B_up's
-            _, tBgB_up = cpasync.tma_partition(
-                tma_b_up, cta_crd[0], cute.make_layout(self.cluster_m),
+        # The up projection's tiles: the smem side partitions as its operand's (same
+        # box), only the gmem side is the up weight's.
+        if cutlass.const_expr(self.swiglu == "a"):
+            _, tUg = cpasync.tma_partition(
+                tma_up, cta_crd[1], cute.make_layout(self.cluster_n),
+                cute.group_modes(sA, 0, 2),
+                cute.group_modes(cute.local_tile(t_up, (tm, tk), (None, None, None)), 0, 2))
+        if cutlass.const_expr(self.swiglu == "b"):
+            _, tUg = cpasync.tma_partition(
+                tma_up, cta_crd[0], cute.make_layout(self.cluster_m),
                 cute.group_modes(sB, 0, 2),
-                cute.group_modes(cute.local_tile(tB_up, (tn, tk), (None, None, None)), 0, 2))
+                cute.group_modes(cute.local_tile(t_up, (tn, tk), (None, None, None)), 0, 2))
 
         linear_start = cute.arch.block_idx()[2]
         n_persistent = cute.arch.grid_dim()[2]
@@ -923,8 +946,10 @@ class Sm90Gemm:
                         linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
                     src_a = tAgA[(None, m_t, None, l_t)]
                     src_b = tBgB[(None, n_t, None, l_t)]
-                    if cutlass.const_expr(self.swiglu):
-                        src_b_up = tBgB_up[(None, n_t, None, l_t)]
+                    if cutlass.const_expr(self.swiglu == "a"):
+                        src_up = tUg[(None, m_t, None, l_t)]
+                    if cutlass.const_expr(self.swiglu == "b"):
+                        src_up = tUg[(None, n_t, None, l_t)]
                     for kt in range(my_k_tiles):
                         ring.producer_acquire(prod_state)
                         bar = ring.producer_get_barrier(prod_state)
@@ -933,8 +958,12 @@ class Sm90Gemm:
                                   tma_bar_ptr=bar, mcast_mask=mask_a)
                         cute.copy(tma_b, src_b[(None, k_idx)], tBsB[(None, prod_state.index)],
                                   tma_bar_ptr=bar, mcast_mask=mask_b)
-                        if cutlass.const_expr(self.swiglu):
-                            cute.copy(tma_b_up, src_b_up[(None, k_idx)],
+                        if cutlass.const_expr(self.swiglu == "a"):
+                            cute.copy(tma_up, src_up[(None, k_idx)],
+                                      tAsA[(None, self.stages + prod_state.index)],
+                                      tma_bar_ptr=bar, mcast_mask=mask_a)
+                        if cutlass.const_expr(self.swiglu == "b"):
+                            cute.copy(tma_up, src_up[(None, k_idx)],
                                       tBsB[(None, self.stages + prod_state.index)],
                                       tma_bar_ptr=bar, mcast_mask=mask_b)
                         ring.producer_commit(prod_state)
@@ -963,7 +992,7 @@ class Sm90Gemm:
             acc = cute.make_rmem_tensor(
                 tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             acc_up = None
-            if cutlass.const_expr(self.swiglu):
+            if cutlass.const_expr(self.swiglu != ""):
                 acc_up = cute.make_rmem_tensor(
                     tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
@@ -996,7 +1025,7 @@ class Sm90Gemm:
                 thr_r2s = r2s.get_slice(ctid)
                 tRS_sC = thr_r2s.partition_D(sC)                 # (V, M, N, EPI_STAGE)
                 tRS_acc = r2s.retile(acc)                        # whole tile, per thread
-                tRS_acc_up = r2s.retile(acc_up) if self.swiglu else None
+                tRS_acc_up = r2s.retile(acc_up) if self.swiglu != "" else None
                 sub_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
                 sub_f32 = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
                 sub_out = cute.make_rmem_tensor(sub_shape, self.c_dtype)
@@ -1046,7 +1075,7 @@ class Sm90Gemm:
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 acc.fill(0.0)
-                if cutlass.const_expr(self.swiglu):
+                if cutlass.const_expr(self.swiglu != ""):
                     acc_up.fill(0.0)
                 for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
@@ -1056,11 +1085,13 @@ class Sm90Gemm:
                         cute.gemm(tiled_mma, acc,
                                   tCrA[(None, None, kb, read_state.index)],
                                   tCrB[(None, None, kb, read_state.index)], acc)
-                        if cutlass.const_expr(self.swiglu):
-                            cute.gemm(tiled_mma, acc_up,
-                                      tCrA[(None, None, kb, read_state.index)],
-                                      tCrB[(None, None, kb, self.stages + read_state.index)],
-                                      acc_up)
+                        if cutlass.const_expr(self.swiglu != ""):
+                            # the up projection's tile: the doubled operand's slot
+                            # stages + s, the other operand's tile shared
+                            up_a = self.stages * (self.swiglu == "a") + read_state.index
+                            up_b = self.stages * (self.swiglu == "b") + read_state.index
+                            cute.gemm(tiled_mma, acc_up, tCrA[(None, None, kb, up_a)],
+                                      tCrB[(None, None, kb, up_b)], acc_up)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if kt > 0:
@@ -1420,21 +1451,34 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
 
 def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
                    l: int = 1, out_dtype: Any = None) -> list:
-    """Ranked configs of the two-weight kernel (``swiglu=True``) for an (m, n, k, l)
-    problem: per output tile it does the WGMMA work of a GEMM tile twice as wide, so the
-    configs are :func:`pick_configs`'s for N = 2n (those without split-K or swap-AB)
-    with half their tile width, where that width is offered (the direct store where
-    ``n`` rows of the output are not whole 16-byte units)."""
+    """Ranked configs of the two-weight kernel for an (m, n, k, l) problem.
+
+    Where M <= ``_SWAP_AB_MAX_M`` the swap-AB ones come first (``swiglu="a"``: the
+    weights in A's place, as swap-AB beats the unswapped tiles there): the swapped
+    candidates of :func:`pick_configs` for (m, n, k), their stage count left to the
+    kernel (two weight tiles per stage).  Then ``swiglu="b"``: per output tile the WGMMA
+    work of a GEMM tile twice as wide, so :func:`pick_configs`'s for N = 2n (without
+    split-K or swap-AB) with half their tile width, where that width is offered (the
+    direct store where ``n`` rows of the output are not whole 16-byte units)."""
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     store = "direct" if (n * c_bytes) % 16 else "tma"
+    every = len(DEFAULT_CONFIGS) * 4
+    candidates = []
+    if m <= _SWAP_AB_MAX_M:
+        candidates += [
+            dict({key: v for key, v in cfg.items() if key != "stages"}, swiglu="a")
+            for cfg in pick_configs(m, n, k, dtype, max_configs=every, l=l,
+                                    out_dtype=out_dtype)
+            if cfg.get("swap_ab") and cfg.get("split_k", 1) == 1]
+    candidates += [
+        dict(cfg, tile_n=cfg["tile_n"] // 2, swiglu="b", store=store)
+        for cfg in pick_configs(m, 2 * n, k, dtype, max_configs=every, l=l,
+                                out_dtype=out_dtype)
+        if cfg.get("split_k", 1) == 1 and not cfg.get("swap_ab") and cfg["tile_n"] % 2 == 0]
     out = []
-    for cfg in pick_configs(m, 2 * n, k, dtype, max_configs=len(DEFAULT_CONFIGS) * 4,
-                            l=l, out_dtype=out_dtype):
-        if cfg.get("split_k", 1) > 1 or cfg.get("swap_ab") or cfg["tile_n"] % 2:
-            continue
-        dual = dict(cfg, tile_n=cfg["tile_n"] // 2, swiglu=True, store=store)
-        if Sm90Gemm.config_error(**dual) is None and dual not in out:
-            out.append(dual)
+    for cfg in candidates:
+        if Sm90Gemm.config_error(**cfg) is None and cfg not in out:
+            out.append(cfg)
         if len(out) >= max_configs:
             break
     return out

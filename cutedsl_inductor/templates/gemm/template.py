@@ -18,7 +18,8 @@ swap-AB config (M <= 32) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), t
 weight in the WGMMA's M mode, and the fused epilogue swaps the coordinates back.
 A problem that does not suit it gets no choice, with a debug log saying why.
 ``swiglu_choices(nodes, layout)`` appends the two-weight configs (``SWIGLU``:
-``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``) for the lowering of
+``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``; the kernel's ``swiglu``
+"b", or "a" with swap-AB, where the weights are its A) for the lowering of
 ``cutedsl::swiglu_mm`` (``inductor/swiglu.py``).
 """
 
@@ -44,9 +45,11 @@ from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
 {#- Swap-AB runs C^T = B A^T: the kernel's (m, n) are torch's (n, m). #}
 {%- if SWAP_AB is defined %}
 {%- set kernel_a, kernel_b, view_c = "as_nkl_from_kn(b)", "as_mkl(a)", "as_nml" %}
+{%- set up_weight = "mA_up=as_nkl_from_kn(b_up)" %}
 {%- set row, col = "min(mn[1], prob_n - 1)", "min(mn[0], prob_m - 1)" %}
 {%- else %}
 {%- set kernel_a, kernel_b, view_c = "as_mkl(a)", "as_nkl_from_kn(b)", "as_mnl" %}
+{%- set up_weight = "mB_up=as_nkl_from_kn(b_up)" %}
 {%- set row, col = "min(mn[0], prob_m - 1)", "min(mn[1], prob_n - 1)" %}
 {%- endif %}
 
@@ -96,7 +99,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
-        {%- if SWIGLU is defined %} swiglu=True,{% endif %}
+        {%- if SWIGLU is defined %} swiglu=SWIGLU,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
@@ -104,7 +107,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream,
                 {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
-                {%- if SWIGLU is defined %} mB_up=as_nkl_from_kn(b_up),{% endif %})
+                {%- if SWIGLU is defined %} {{up_weight}},{% endif %})
 {%- else %}
     gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
          cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
@@ -129,7 +132,7 @@ def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> d
     if cfg.get("swap_ab"):
         params["SWAP_AB"] = True
     if cfg.get("swiglu"):
-        params["SWIGLU"] = True
+        params["SWIGLU"] = cfg["swiglu"]
     return params
 
 
@@ -244,8 +247,9 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
                                  max_configs=max_configs, l=problem["l"],
                                  out_dtype=layout.dtype)
     for cfg in configs:
-        if Sm90Gemm.why_not(**problem, config=cfg) or Sm90Gemm.why_not(**up_problem,
-                                                                       config=cfg):
+        swap = swapped_problem if cfg.get("swap_ab") else dict
+        if Sm90Gemm.why_not(**swap(problem), config=cfg) or Sm90Gemm.why_not(
+                **swap(up_problem), config=cfg):
             continue
         gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
                                           **_params(cfg, False, 1.0, 0.0))

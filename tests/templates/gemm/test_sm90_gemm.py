@@ -471,62 +471,85 @@ def test_swap_ab_config_name():
 
 
 class SwigluGemm(Sm90Gemm):
-    """The two-weight kernel's entry as the template calls it: ``launch`` with B_up."""
+    """The two-weight kernel's entry as the template calls it: ``launch`` with the up
+    weight as A's or B's partner."""
 
     @cute.jit
-    def __call__(self, mA, mB, mB_up, mC, stream):
+    def __call__(self, mA, mB, m_up, mC, stream):
         self.launch(mA, mB, mC, None, cutlass.Float32(1.0), cutlass.Float32(0.0), stream,
-                    mB_up=mB_up)
+                    mA_up=m_up if self.swiglu == "a" else None,
+                    mB_up=m_up if self.swiglu == "b" else None)
 
 
-def compile_swiglu(cfg, ab="bf16", out="bf16", a_major="k", b_major="k"):
+def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k"):
     from cutlass.runtime import make_fake_stream
     from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
 
     store = cfg.get("store", "tma")
-    a, b, c, _ = make_fake_gemm_args(ab, out, a_major, b_major, store=store)
-    _, b_up, _, _ = make_fake_gemm_args(ab, out, a_major, b_major, store=store)
-    return cute.compile(SwigluGemm(**cfg), a, b, b_up, c,
+    c_major = "m" if cfg["swiglu"] == "a" else "n"  # swap-AB writes C^T
+    args = [make_fake_gemm_args(ab, ab, a_major, b_major, store=store, c_major=c_major)
+            for _ in range(2)]
+    (a, b, c, _), up = args[0], args[1][0 if cfg["swiglu"] == "a" else 1]
+    return cute.compile(SwigluGemm(**cfg), a, b, up, c,
                         make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
-SWIGLU_CASES = [  # every kind of consumer warpgroups, both B majors, direct store, fp16
-    (dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, swiglu=True), "bf16", "k"),
-    (dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu=True),
+SWIGLU_CASES = [  # every kind of consumer warpgroups, both majors, direct store, fp16
+    (dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, swiglu="b"), "bf16", "k"),
+    (dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
      "bf16", "n"),
-    (dict(tile_m=128, tile_n=64, cooperative=False, pingpong=True, swiglu=True), "fp16", "k"),
-    (dict(tile_m=64, tile_n=128, cooperative=False, swiglu=True, store="direct"), "bf16", "n"),
+    (dict(tile_m=128, tile_n=64, cooperative=False, pingpong=True, swiglu="b"), "fp16", "k"),
+    (dict(tile_m=64, tile_n=128, cooperative=False, swiglu="b", store="direct"), "bf16", "n"),
+    # swap-AB: the weights are A (multicast across a cluster along N: none here)
+    (dict(tile_m=64, tile_n=16, cluster_m=2, cooperative=False, swiglu="a", store="direct"),
+     "bf16", "k"),
+    (dict(tile_m=128, tile_n=32, cooperative=True, swiglu="a", store="direct"), "fp16", "n"),
 ]
 
 
 @pytest.mark.parametrize("cfg,ab,b_major", SWIGLU_CASES,
-                         ids=[config_name(c[0]) + f"_{c[1]}_B{c[2]}" for c in SWIGLU_CASES])
+                         ids=[config_name(c[0]) + f"_{c[0]['swiglu']}_{c[1]}_B{c[2]}"
+                              for c in SWIGLU_CASES])
 def test_swiglu_variants_compile(cfg, ab, b_major):
-    assert callable(compile_swiglu(cfg, ab, ab, "k", b_major))
+    assert callable(compile_swiglu(cfg, ab, "k", b_major))
 
 
 def test_swiglu_config_errors_and_configs():
     assert "split_k" in Sm90Gemm.config_error(tile_m=64, tile_n=64, cooperative=False,
-                                              split_k=2, swiglu=True)
-    assert "two accumulators" in Sm90Gemm.config_error(tile_m=128, tile_n=256, swiglu=True)
-    assert Sm90Gemm.config_error(tile_m=128, tile_n=128, swiglu=True) is None
+                                              split_k=2, swiglu="b")
+    assert "two accumulators" in Sm90Gemm.config_error(tile_m=128, tile_n=256, swiglu="b")
+    assert "must be" in Sm90Gemm.config_error(swiglu="c")
+    assert Sm90Gemm.config_error(tile_m=128, tile_n=128, swiglu="b") is None
     from cutedsl_inductor.templates.gemm.sm90_gemm import swiglu_configs
 
     for m, n in ((128, 14336), (8192, 4096)):
         configs = swiglu_configs(m, n, 4096)
         assert 1 <= len(configs) <= 8
-        assert all(c["swiglu"] and Sm90Gemm.config_error(**c) is None for c in configs)
+        assert all(c["swiglu"] == "b" and Sm90Gemm.config_error(**c) is None
+                   for c in configs)
         assert all(config_name(c).endswith("_swiglu") for c in configs)
     # a large problem's best guess is the 128x256 cooperative tile's work: 128x128 per weight
     assert (configs[0]["tile_m"], configs[0]["tile_n"]) == (128, 128)
 
 
-def test_swiglu_needs_b_up_exactly_with_swiglu():
+def test_swiglu_configs_swap_ab_first_for_small_m():
+    from cutedsl_inductor.templates.gemm.sm90_gemm import swiglu_configs
+
+    for m in (1, 16, 32):
+        configs = swiglu_configs(m, 14336, 4096)
+        swapped = [c for c in configs if c.get("swap_ab")]
+        assert swapped and configs[:len(swapped)] == swapped
+        assert all(c["swiglu"] == "a" and c["store"] == "direct" for c in swapped)
+        assert all(Sm90Gemm.config_error(**c) is None for c in configs)
+    assert not any(c.get("swap_ab") for c in swiglu_configs(33, 14336, 4096))
+
+
+def test_swiglu_needs_its_second_weight():
     from cutlass.runtime import make_fake_stream
     from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
 
     a, b, c, _ = make_fake_gemm_args()
-    with pytest.raises(ValueError, match="B_up"):
-        cute.compile(Sm90Gemm(swiglu=True), a, b, c, None, cutlass.Float32(1.0),
+    with pytest.raises(ValueError, match="second weight"):
+        cute.compile(Sm90Gemm(swiglu="b"), a, b, c, None, cutlass.Float32(1.0),
                      cutlass.Float32(0.0), make_fake_stream(use_tvm_ffi_env_stream=True),
                      options="--enable-tvm-ffi")
