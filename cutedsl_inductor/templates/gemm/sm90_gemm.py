@@ -1449,6 +1449,17 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
     return out
 
 
+_SWIGLU_MIN_STAGES = 3
+
+
+def _auto_stages(cfg: dict, c_bytes: int) -> int:
+    """The ring depth the kernel gives ``cfg`` (16-bit A and B) when it may choose."""
+    wgs = 2 if cfg.get("cooperative", True) or cfg.get("pingpong") else 1
+    return Sm90Gemm._num_stages(cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), 2,
+                                c_bytes, wgs, cfg.get("stages", 0), cfg.get("split_k", 1),
+                                *_operand_tiles(cfg.get("swiglu", "")))
+
+
 def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
                    l: int = 1, out_dtype: Any = None) -> list:
     """Ranked configs of the two-weight kernel for an (m, n, k, l) problem.
@@ -1459,7 +1470,10 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int
     kernel (two weight tiles per stage).  Then ``swiglu="b"``: per output tile the WGMMA
     work of a GEMM tile twice as wide, so :func:`pick_configs`'s for N = 2n (without
     split-K or swap-AB) with half their tile width, where that width is offered (the
-    direct store where ``n`` rows of the output are not whole 16-byte units)."""
+    direct store where ``n`` rows of the output are not whole 16-byte units).  Configs
+    whose two weight tiles leave room for fewer than ``_SWIGLU_MIN_STAGES`` stages are
+    left out: on the H200 the swapped 256x16 tile (2 stages) ran at 0.23-0.91 of two
+    cuBLAS GEMMs at M = 16, the 64x16 one at 1.04-1.29."""
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     store = "direct" if (n * c_bytes) % 16 else "tma"
     every = len(DEFAULT_CONFIGS) * 4
@@ -1477,7 +1491,8 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int
         if cfg.get("split_k", 1) == 1 and not cfg.get("swap_ab") and cfg["tile_n"] % 2 == 0]
     out = []
     for cfg in candidates:
-        if Sm90Gemm.config_error(**cfg) is None and cfg not in out:
+        if (Sm90Gemm.config_error(**cfg) is None and cfg not in out
+                and _auto_stages(cfg, c_bytes) >= _SWIGLU_MIN_STAGES):
             out.append(cfg)
         if len(out) >= max_configs:
             break

@@ -541,6 +541,8 @@ def test_swiglu_configs_swap_ab_first_for_small_m():
         assert swapped and configs[:len(swapped)] == swapped
         assert all(c["swiglu"] == "a" and c["store"] == "direct" for c in swapped)
         assert all(Sm90Gemm.config_error(**c) is None for c in configs)
+        # two 256-row weight tiles per stage leave room for 2 stages: not offered
+        assert not any(c["tile_m"] == 256 for c in swapped)
     assert not any(c.get("swap_ab") for c in swiglu_configs(33, 14336, 4096))
 
 
