@@ -201,6 +201,12 @@ def swapped_problem(problem: dict[str, Any]) -> dict[str, Any]:
         batch_strides=(batch[1], batch[0], batch[2]) if batch else None)
 
 
+def _max_configs() -> int:
+    """How many configs the heuristic offers: ``config.gemm_max_configs``, or every
+    candidate with ``config.gemm_exhaustive``."""
+    return len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive else config.gemm_max_configs
+
+
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
                  alpha: float = 1.0, beta: float = 0.0,
                  configs: list[dict[str, Any]] | None = None) -> None:
@@ -211,10 +217,9 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
         log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
         return
     if configs is None:
-        max_configs = (len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive
-                       else config.gemm_max_configs)
         configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                               max_configs=max_configs, l=problem["l"], out_dtype=layout.dtype)
+                               max_configs=_max_configs(), l=problem["l"],
+                               out_dtype=layout.dtype)
     for cfg in configs:
         if Sm90Gemm.why_not(**(swapped_problem(problem) if cfg.get("swap_ab") else problem),
                             config=cfg):
@@ -241,10 +246,8 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
         log.debug("no CuteDSL SwiGLU choice: %s", reason)
         return
     if configs is None:
-        max_configs = (len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive
-                       else config.gemm_max_configs)
         configs = swiglu_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                                 max_configs=max_configs, l=problem["l"],
+                                 max_configs=_max_configs(), l=problem["l"],
                                  out_dtype=layout.dtype)
     for cfg in configs:
         swap = swapped_problem if cfg.get("swap_ab") else dict
