@@ -12,7 +12,7 @@ entry_suffix             CUTEDSL_INDUCTOR_ENTRY_SUFFIX               "main"
 compile_options          CUTEDSL_INDUCTOR_COMPILE_OPTIONS            ""
 gemm_max_configs         CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS           8
 gemm_exhaustive          CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE            False
-epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (correct, not yet faster)
+epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (opt-in; also SwiGLU)
 fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3
 compile_workers          CUTEDSL_INDUCTOR_COMPILE_WORKERS            CPUs / 2, <= 8; 0 below 4 CPUs
 """

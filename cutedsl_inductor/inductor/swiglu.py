@@ -136,8 +136,9 @@ def _same_input(a: Any, b: Any) -> bool:
         b.target == a.target and b.args[0] is a.args[0] and list(b.args[1]) == list(a.args[1]))
 
 
-def _match(mul: Any) -> tuple[Any, Any, list[Any]] | None:
-    """(the gate mm, the up mm, every node the rewrite removes) for a SwiGLU ``mul``."""
+def _match(mul: Any) -> tuple[Any, Any] | None:
+    """(the gate mm, the up mm) of a SwiGLU ``mul`` whose intermediates nothing else
+    uses, else None."""
     for gate_side, up_side in ((mul.args[0], mul.args[1]), (mul.args[1], mul.args[0])):
         matched = [mul]
         up = _strip(up_side, _VIEWS, matched)
@@ -152,7 +153,7 @@ def _match(mul: Any) -> tuple[Any, Any, list[Any]] | None:
             continue
         inside = set(matched)
         if all(set(node.users) <= inside for node in matched if node is not mul):
-            return gate, up, matched
+            return gate, up
     return None
 
 
@@ -173,12 +174,10 @@ def rewrite_swiglu(graph: torch.fx.Graph) -> int:
     """Replace every suitable SwiGLU pattern in ``graph``; returns how many."""
     rewritten = 0
     for mul in [n for n in graph.nodes if _call(n, aten.mul.Tensor)]:
-        if mul.graph is not graph or len(mul.args) != 2:  # erased by an earlier rewrite
-            continue
         found = _match(mul)
-        if found is None or not _suits(found[0], found[1], mul):
+        if found is None or not _suits(*found, mul):
             continue
-        gate, up, _ = found
+        gate, up = found
         x, w_gate, w_up = gate.args[0], gate.args[1], up.args[1]
         with graph.inserting_before(mul):
             fused = graph.call_function(torch.ops.cutedsl.swiglu_mm.default, (x, w_gate, w_up))
