@@ -217,17 +217,8 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
         log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
         return
     if configs is None:
-        configs = pick_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                               max_configs=_max_configs(), l=problem["l"],
-                               out_dtype=layout.dtype)
-    for cfg in configs:
-        if Sm90Gemm.why_not(**(swapped_problem(problem) if cfg.get("swap_ab") else problem),
-                            config=cfg):
-            continue
-        gemm_template.maybe_append_choice(
-            choices, input_nodes=nodes, layout=layout,
-            **_params(cfg, op == "addmm", alpha, beta),
-        )
+        configs = _ranked(pick_configs, problem, layout)
+    _append_choices(choices, nodes, layout, [problem], configs, op == "addmm", alpha, beta)
 
 
 def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
@@ -246,16 +237,27 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
         log.debug("no CuteDSL SwiGLU choice: %s", reason)
         return
     if configs is None:
-        configs = swiglu_configs(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                                 max_configs=_max_configs(), l=problem["l"],
-                                 out_dtype=layout.dtype)
+        configs = _ranked(swiglu_configs, problem, layout)
+    _append_choices(choices, nodes, layout, [problem, up_problem], configs)
+
+
+def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[dict[str, Any]]:
+    """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``)."""
+    return ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
+                  max_configs=_max_configs(), l=problem["l"], out_dtype=layout.dtype)
+
+
+def _append_choices(choices: list[Any], nodes: list[Any], layout: Any,
+                    problems: list[dict[str, Any]], configs: list[dict[str, Any]],
+                    has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0) -> None:
+    """One choice per config that the kernel can run on every one of ``problems``
+    (swapped for a swap-AB config)."""
     for cfg in configs:
-        swap = swapped_problem if cfg.get("swap_ab") else dict
-        if Sm90Gemm.why_not(**swap(problem), config=cfg) or Sm90Gemm.why_not(
-                **swap(up_problem), config=cfg):
+        if any(Sm90Gemm.why_not(**(swapped_problem(p) if cfg.get("swap_ab") else p),
+                                config=cfg) for p in problems):
             continue
         gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
-                                          **_params(cfg, False, 1.0, 0.0))
+                                          **_params(cfg, has_bias, alpha, beta))
 
 
 PRECOMPILE_SHAPE = (4096, 4096, 4096)
