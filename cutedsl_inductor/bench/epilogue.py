@@ -3,8 +3,9 @@ fused into our GEMM, against Inductor's default and max-autotune (Triton epilogu
 fusion), measured in one run.
 
 Blocks (bf16): gelu(x @ w.T + b); relu(addmm(b, x, w.T)) * 0.5 + residual;
-silu(x @ w1.T) * (x @ w3.T) (ours: one two-weight GEMM, ``inductor/swiglu.py``). Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096),
-(14336, 4096)} (``--quick``: M in {128, 8192}, (4096, 4096); ``--shapes MxNxK,...``: those;
+silu(x @ w1.T) * (x @ w3.T) (ours: one two-weight GEMM, ``inductor/swiglu.py``).
+Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096), (14336, 4096)} (``--quick``:
+M in {128, 8192}, (4096, 4096); ``--shapes MxNxK,...``: those;
 ``--shard K/N``: every N-th shape from the K-th, to split the suite across GPUs or runs,
 each writing its own CSV). Ours: max-autotune with
 ``max_autotune_gemm_backends="CUTEDSL"`` and ``config.epilogue_fusion``. Each result is

@@ -83,17 +83,13 @@ def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
 
 def _lower_decomposed(x: Any, w_gate: Any, w_up: Any) -> Any:
     """The pattern as it was, through Inductor's lowerings (its mm autotuning included)."""
-    from torch._inductor.lowering import lowerings
+    from torch._inductor.lowering import lowerings as L
 
-    def call(op: Any, *args: Any) -> Any:
-        return lowerings[op](*args)
-
-    gate = call(prims.convert_element_type.default, call(aten.mm.default, x, w_gate),
-                torch.float32)
-    one_plus = call(aten.add.Tensor, call(aten.exp.default, call(aten.neg.default, gate)), 1)
-    silu = call(prims.convert_element_type.default, call(aten.div.Tensor, gate, one_plus),
-                x.get_dtype())
-    return call(aten.mul.Tensor, silu, call(aten.mm.default, x, w_up))
+    gate = L[prims.convert_element_type.default](L[aten.mm.default](x, w_gate), torch.float32)
+    one_plus = L[aten.add.Tensor](L[aten.exp.default](L[aten.neg.default](gate)), 1)
+    silu = L[prims.convert_element_type.default](L[aten.div.Tensor](gate, one_plus),
+                                                 x.get_dtype())
+    return L[aten.mul.Tensor](silu, L[aten.mm.default](x, w_up))
 
 
 # ------------------------------------------------------------------ graph rewrite

@@ -452,6 +452,13 @@ class Sm90Gemm:
             return requested if requested <= fit else 0
         return min(fit, 8)
 
+    def ring_stages(self, ab_bytes: int, c_bytes: int) -> int:
+        """The smem ring depth of this config for these operand and output widths
+        (0 when a requested depth does not fit)."""
+        return self._num_stages(self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
+                                self.num_consumer_wgs, self.requested_stages, self.split_k,
+                                self.a_tiles, self.b_tiles)
+
     @staticmethod
     def why_not(
         a_dtype: Any, b_dtype: Any, out_dtype: Any, a_major: str, b_major: str,
@@ -521,13 +528,8 @@ class Sm90Gemm:
             raise ValueError("Sm90Gemm: C must be row-major (N contiguous) with store='tma'")
         self.a_dtype, self.b_dtype, self.c_dtype = a_dtype, b_dtype, c_dtype
         self.a_layout, self.b_layout = a_layout, b_layout
-        ab_bytes = a_dtype.width // 8
         c_bytes = c_dtype.width // 8
-        self.stages = self._num_stages(
-            self.tile_m, self.tile_n, self.tile_k, ab_bytes, c_bytes,
-            self.num_consumer_wgs, self.requested_stages, self.split_k, self.a_tiles,
-            self.b_tiles,
-        )
+        self.stages = self.ring_stages(a_dtype.width // 8, c_bytes)
         if self.stages < 2:
             raise ValueError(
                 f"Sm90Gemm: {self.requested_stages} stages of a {self.tile_m}x"
@@ -1452,14 +1454,6 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
 _SWIGLU_MIN_STAGES = 3
 
 
-def _auto_stages(cfg: dict, c_bytes: int) -> int:
-    """The ring depth the kernel gives ``cfg`` (16-bit A and B) when it may choose."""
-    wgs = 2 if cfg.get("cooperative", True) or cfg.get("pingpong") else 1
-    return Sm90Gemm._num_stages(cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), 2,
-                                c_bytes, wgs, cfg.get("stages", 0), cfg.get("split_k", 1),
-                                *_operand_tiles(cfg.get("swiglu", "")))
-
-
 def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
                    l: int = 1, out_dtype: Any = None) -> list:
     """Ranked configs of the two-weight kernel for an (m, n, k, l) problem.
@@ -1491,8 +1485,10 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int
         if cfg.get("split_k", 1) == 1 and not cfg.get("swap_ab") and cfg["tile_n"] % 2 == 0]
     out = []
     for cfg in candidates:
-        if (Sm90Gemm.config_error(**cfg) is None and cfg not in out
-                and _auto_stages(cfg, c_bytes) >= _SWIGLU_MIN_STAGES):
+        if Sm90Gemm.config_error(**cfg) is not None or cfg in out:
+            continue
+        kernel = Sm90Gemm(**{key: v for key, v in cfg.items() if key != "swap_ab"})
+        if kernel.ring_stages(2, c_bytes) >= _SWIGLU_MIN_STAGES:  # swap_ab: the caller's
             out.append(cfg)
         if len(out) >= max_configs:
             break
