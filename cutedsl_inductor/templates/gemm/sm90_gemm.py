@@ -87,14 +87,18 @@ Design
   included.  The copy goes through an opaque inline-asm ``mov``
   (``_opaque_copy``): with a plain copy LLVM coalesces a hook's result that
   is written in a divergent branch (``if n < prob_n: v += bias[n]``) back
-  into the accumulator's register.  Split-K: the DSMEM reduction sums a
-  CTA's own units into ``acc`` (after the last WGMMA of the tile); the sum
-  then takes the same per-sub-tile path.  The TMA loads zero-fill the M/N/K
-  tails exactly.  The TMA store clips rows (M) exactly but the contiguous N
-  tail only to 16-byte granularity (measured on H200: with N=257 bf16 it
-  rewrote columns 257..263 of each row); hence ``store="tma"`` requires
-  ``N * sizeof(C) % 16 == 0`` (declared in the compiled signature, so other
-  N are rejected at call time) and ``store="direct"`` serves any N.
+  into the accumulator's register.  Where there is epilogue math (a fusion
+  hook, SwiGLU), the copy also adds a zero read from shared memory after the
+  tile's last ring slot is released (``_zero_after_release``): ptxas would
+  otherwise compute the whole tile's epilogue before that release.  Split-K:
+  the DSMEM reduction sums a CTA's own units into ``acc`` (after the last
+  WGMMA of the tile); the sum then takes the same per-sub-tile path.  The
+  TMA loads zero-fill the M/N/K tails exactly.  The TMA store clips rows (M)
+  exactly but the contiguous N tail only to 16-byte granularity (measured on
+  H200: with N=257 bf16 it rewrote columns 257..263 of each row); hence
+  ``store="tma"`` requires ``N * sizeof(C) % 16 == 0`` (declared in the
+  compiled signature, so other N are rejected at call time) and
+  ``store="direct"`` serves any N.
 * Split-K (``split_k`` > 1, for small M whose output tiles cannot fill the
   SMs): each of a cluster's ``cluster_m x cluster_n`` output tiles is owned
   by ``split_k`` CTAs of the cluster (``cluster_m * cluster_n * split_k`` <=
@@ -231,15 +235,40 @@ def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def _opaque_copy(x):
-    """``x`` (fp32) through an inline-asm ``mov``: a new value that LLVM cannot see
-    through.  The epilogue copies the accumulator with it; with a plain copy LLVM
-    would fold the copy away and, where a fusion hook writes its fragment in a
-    divergent branch, coalesce the branch's result back into the WGMMA accumulator
-    register -- which makes ptxas serialize the WGMMAs (C7519/C7520)."""
+def _opaque_copy(x, zero=None):
+    """``x`` (fp32) through inline asm: a new value that LLVM cannot see through.  The
+    epilogue copies the accumulator with it; with a plain copy LLVM would fold the copy
+    away and, where a fusion hook writes its fragment in a divergent branch, coalesce
+    the branch's result back into the WGMMA accumulator register -- which makes ptxas
+    serialize the WGMMAs (C7519/C7520).  With ``zero`` (a :func:`_zero_after_release`)
+    the copy is ``x + zero``: it, and all math on it, cannot start before that read."""
+    if zero is None:
+        return cutlass.Float32(llvm.inline_asm(
+            cutlass.Float32.mlir_type, [cutlass.Float32(x).ir_value()], "mov.b32 $0, $1;",
+            "=f,f", has_side_effects=False, is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT))
     return cutlass.Float32(llvm.inline_asm(
-        cutlass.Float32.mlir_type, [cutlass.Float32(x).ir_value()], "mov.b32 $0, $1;",
-        "=f,f", has_side_effects=False, is_align_stack=False,
+        cutlass.Float32.mlir_type,
+        [cutlass.Float32(x).ir_value(), cutlass.Float32(zero).ir_value()],
+        "add.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _zero_after_release(slot_barrier):
+    """+0.0, computed from a shared-memory read of ``slot_barrier`` (the ring slot's
+    empty barrier, just arrived on).  ptxas keeps the read after that arrive and
+    cannot fold the zero (a denormal times 0), so an epilogue value copied with it
+    cannot be computed before the slot's release.  Without it ptxas hoists a fused
+    epilogue's register-only math (all sub-tiles of it, across the store barriers)
+    above the conditional arrive that frees the tile's last ring slot: the producer
+    then waits on that slot for the whole epilogue (H200, 8192x4096x4096 ping-pong
+    128x128, ``gelu(x @ w.T)``: 1.13-1.15x the plain GEMM's time, 1.05-1.07x with
+    the read)."""
+    return cutlass.Float32(llvm.inline_asm(
+        cutlass.Float32.mlir_type, [slot_barrier.toint().ir_value()],
+        "{ .reg .b32 t; ld.shared.b32 t, [$1]; and.b32 t, t, 8388607; "
+        "mov.b32 $0, t; mul.rn.f32 $0, $0, 0f00000000; }",
+        "=f,r", has_side_effects=True, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
@@ -338,6 +367,9 @@ class Sm90Gemm:
         self.store = store
         self.split_k = int(split_k)
         self.swiglu = swiglu
+        # Math between the accumulator and the store (a fusion hook, or SwiGLU's) starts
+        # only once the tile's last ring slot is released (see _zero_after_release).
+        self.epilogue_math = swiglu != "" or type(self).epilogue_op is not Sm90Gemm.epilogue_op
         # Tiles of A and of B per pipeline stage: the operand with two weights has two.
         self.a_tiles, self.b_tiles = _operand_tiles(swiglu)
         self.acc_dtype = cutlass.Float32
@@ -760,16 +792,17 @@ class Sm90Gemm:
                 acc[i] = acc[i] * alpha + beta * prefetched[i].to(cutlass.Float32)
 
     @cute.jit
-    def accumulated(self, acc, acc_up, i):
+    def accumulated(self, acc, acc_up, i, released):
         """Value ``i`` of the tile's result before the epilogue, read through an opaque
         copy (see the module docstring): ``A @ B^T``, or with ``swiglu``
         ``silu(A @ B^T) * (A @ B_up^T)`` (``g * 1 / (1 + exp(-g))`` with the hardware
-        exp and reciprocal, as Inductor's own kernels compute silu)."""
-        value = _opaque_copy(acc[i])
+        exp and reciprocal, as Inductor's own kernels compute silu).  ``released``: the
+        zero read after the tile's last ring slot is released, or None (plain GEMM)."""
+        value = _opaque_copy(acc[i], released)
         if cutlass.const_expr(self.swiglu != ""):
             gate = value
             value = (gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True))
-                     * _opaque_copy(acc_up[i]))
+                     * _opaque_copy(acc_up[i], released))
         return value
 
     @staticmethod
@@ -1114,8 +1147,13 @@ class Sm90Gemm:
                     if linear + n_persistent < total_clusters:
                         self.pingpong_pass_turn(pp_wg)
                 warpgroup.wait_group(0)
+                released = None
+                if cutlass.const_expr(self.epilogue_math):
+                    released = cutlass.Float32(0.0)
                 if my_k_tiles > 0:
                     ring.consumer_release(free_state)
+                    if cutlass.const_expr(self.epilogue_math):
+                        released = _zero_after_release(ring.consumer_get_barrier(free_state))
                     free_state.advance()
                 if cutlass.const_expr(self.pingpong):
                     # The other warpgroup's next tile comes next in the ring.
@@ -1188,7 +1226,7 @@ class Sm90Gemm:
                                     sub_coords, l_t, prob_m, prob_n, mBias, epi_args)
                             for v in cutlass.range_constexpr(sub_size):
                                 sub_f32[v] = self.accumulated(tRS_acc, tRS_acc_up,
-                                                              s * sub_size + v)
+                                                              s * sub_size + v, released)
                             self.epilogue_op(sub_f32, sub_coords, l_t, prob_m, prob_n, mBias,
                                              alpha, beta, epi_args, sub_inputs)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
@@ -1213,7 +1251,7 @@ class Sm90Gemm:
                     for s in cutlass.range_constexpr(num_units):
                         if s % split == split_rank:
                             for v in cutlass.range_constexpr(unit):
-                                chunk[v] = self.accumulated(acc, acc_up, s * unit + v)
+                                chunk[v] = self.accumulated(acc, acc_up, s * unit + v, released)
                             chunk_coords = self._epi_slice(coords, s, (unit,))
                             self.epilogue_op(
                                 chunk, chunk_coords, l_t, prob_m, prob_n, mBias, alpha, beta,

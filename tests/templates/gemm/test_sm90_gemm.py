@@ -70,6 +70,20 @@ def test_epilogue_hook_override_compiles():
                  make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
+def test_only_kernels_with_epilogue_math_order_it_after_the_ring_release():
+    class Doubled(Sm90Gemm):
+        @cute.jit
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
+                        prefetched):
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                acc[i] = acc[i] * 2.0
+
+    cfg = dict(tile_m=128, tile_n=128, cooperative=True)
+    assert Doubled(**cfg).epilogue_math
+    assert Sm90Gemm(**cfg, swiglu="b").epilogue_math
+    assert not Sm90Gemm(**cfg).epilogue_math
+
+
 @pytest.mark.parametrize("cfg_idx,bias", [(0, "bf16"), (6, None)])
 def test_direct_store_variant_compiles(cfg_idx, bias):
     compile_sm90_gemm(dict(DEFAULT_CONFIGS[cfg_idx], store="direct"), "bf16", "bf16", "m", "n",
