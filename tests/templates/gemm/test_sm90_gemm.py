@@ -70,7 +70,24 @@ def test_epilogue_hook_override_compiles():
                  make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
-def test_only_kernels_with_epilogue_math_order_it_after_the_ring_release():
+def _ptx_of(gemm, directory):
+    """The PTX of ``gemm`` compiled GPU-less (bf16, K-major operands, no bias)."""
+    from cutlass.runtime import make_fake_stream
+    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+
+    directory.mkdir()
+    a, b, c, bias = make_fake_gemm_args()
+    cute.compile(gemm, a, b, c, bias, cutlass.Float32(1.0), cutlass.Float32(0.0),
+                 make_fake_stream(use_tvm_ffi_env_stream=True),
+                 options=f"--enable-tvm-ffi --keep-ptx --dump-dir={directory}")
+    (ptx,) = directory.glob("*.ptx")
+    return ptx.read_text()
+
+
+def test_epilogue_math_starts_after_the_tiles_last_ring_slot_is_released(tmp_path):
+    """With a fusion hook the accumulator copies add a zero read from the released
+    slot's barrier (so ptxas cannot hoist the epilogue above the release); a plain GEMM's
+    kernel is left as it was."""
     class Doubled(Sm90Gemm):
         @cute.jit
         def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
@@ -79,9 +96,13 @@ def test_only_kernels_with_epilogue_math_order_it_after_the_ring_release():
                 acc[i] = acc[i] * 2.0
 
     cfg = dict(tile_m=128, tile_n=128, cooperative=True)
-    assert Doubled(**cfg).epilogue_math
-    assert Sm90Gemm(**cfg, swiglu="b").epilogue_math
+    assert Doubled(**cfg).epilogue_math and Sm90Gemm(**cfg, swiglu="b").epilogue_math
     assert not Sm90Gemm(**cfg).epilogue_math
+    fused = _ptx_of(Doubled(**cfg), tmp_path / "fused")
+    zero_read = fused.index("mul.rn.f32")
+    assert "ld.shared.b32" in fused[fused.rindex("mbarrier.arrive", 0, zero_read):zero_read]
+    assert zero_read < fused.index("stmatrix")
+    assert "mul.rn.f32" not in _ptx_of(Sm90Gemm(**cfg), tmp_path / "plain")
 
 
 @pytest.mark.parametrize("cfg_idx,bias", [(0, "bf16"), (6, None)])
