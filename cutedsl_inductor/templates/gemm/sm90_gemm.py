@@ -88,8 +88,8 @@ Design
   (``_opaque_copy``): with a plain copy LLVM coalesces a hook's result that
   is written in a divergent branch (``if n < prob_n: v += bias[n]``) back
   into the accumulator's register.  Where there is epilogue math (a fusion
-  hook, SwiGLU), the copy also adds a zero read from shared memory after the
-  tile's last ring slot is released (``_zero_after_release``): ptxas would
+  hook, SwiGLU), the copy also adds a zero derived from the tile's last ring
+  slot's barrier once that slot is released (``_zero_after_release``): ptxas would
   otherwise compute the whole tile's epilogue before that release.  Split-K:
   the DSMEM reduction sums a CTA's own units into ``acc`` (after the last
   WGMMA of the tile); the sum then takes the same per-sub-tile path.  The
@@ -255,19 +255,19 @@ def _opaque_copy(x, zero=None):
 
 
 def _zero_after_release(slot_barrier):
-    """+0.0, computed from a shared-memory read of ``slot_barrier`` (the ring slot's
-    empty barrier, just arrived on).  ptxas keeps the read after that arrive and
-    cannot fold the zero (a denormal times 0), so an epilogue value copied with it
-    cannot be computed before the slot's release.  Without it ptxas hoists a fused
-    epilogue's register-only math (all sub-tiles of it, across the store barriers)
-    above the conditional arrive that frees the tile's last ring slot: the producer
-    then waits on that slot for the whole epilogue (H200, 8192x4096x4096 ping-pong
-    128x128, ``gelu(x @ w.T)``: 1.13-1.15x the plain GEMM's time, 1.05-1.07x with
-    the read)."""
+    """+0.0, computed from a non-blocking ``mbarrier.test_wait`` on ``slot_barrier`` (the
+    ring slot's empty barrier, just arrived on): 0 or 1 times 0.  ptxas keeps that
+    mbarrier operation after the arrive and cannot fold the product, so an epilogue
+    value copied with it cannot be computed before the slot's release.  Without it
+    ptxas hoists a fused epilogue's register-only math (all sub-tiles of it, across the
+    store barriers) above the conditional arrive that frees the tile's last ring slot:
+    the producer then waits on that slot for the whole epilogue (H200, 8192x4096x4096
+    ping-pong 128x128, ``gelu(x @ w.T)``: 1.13-1.15x the plain GEMM's time, 1.05-1.07x
+    with the zero)."""
     return cutlass.Float32(llvm.inline_asm(
         cutlass.Float32.mlir_type, [slot_barrier.toint().ir_value()],
-        "{ .reg .b32 t; ld.shared.b32 t, [$1]; and.b32 t, t, 8388607; "
-        "mov.b32 $0, t; mul.rn.f32 $0, $0, 0f00000000; }",
+        "{ .reg .pred p; .reg .b32 t; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], 0; "
+        "selp.b32 t, 1, 0, p; cvt.rn.f32.u32 $0, t; mul.rn.f32 $0, $0, 0f00000000; }",
         "=f,r", has_side_effects=True, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT))
 

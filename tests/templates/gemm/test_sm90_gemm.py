@@ -85,9 +85,9 @@ def _ptx_of(gemm, directory):
 
 
 def test_epilogue_math_starts_after_the_tiles_last_ring_slot_is_released(tmp_path):
-    """With a fusion hook the accumulator copies add a zero read from the released
-    slot's barrier (so ptxas cannot hoist the epilogue above the release); a plain GEMM's
-    kernel is left as it was."""
+    """With a fusion hook the accumulator copies add a zero derived from a test of the
+    released slot's barrier (so ptxas cannot hoist the epilogue above the release); a plain
+    GEMM's kernel is left as it was."""
     class Doubled(Sm90Gemm):
         @cute.jit
         def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
@@ -100,7 +100,7 @@ def test_epilogue_math_starts_after_the_tiles_last_ring_slot_is_released(tmp_pat
     assert not Sm90Gemm(**cfg).epilogue_math
     fused = _ptx_of(Doubled(**cfg), tmp_path / "fused")
     zero_read = fused.index("mul.rn.f32")
-    assert "ld.shared.b32" in fused[fused.rindex("mbarrier.arrive", 0, zero_read):zero_read]
+    assert "mbarrier.test_wait" in fused[fused.rindex("mbarrier.arrive", 0, zero_read):zero_read]
     assert zero_read < fused.index("stmatrix")
     assert "mul.rn.f32" not in _ptx_of(Sm90Gemm(**cfg), tmp_path / "plain")
 
