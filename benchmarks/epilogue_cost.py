@@ -2,6 +2,8 @@
 """What a fused epilogue costs each kind of GEMM kernel, at one shape (H200).
 
     python benchmarks/epilogue_cost.py [--shape 8192x4096x4096] [--rounds 2]
+    python benchmarks/epilogue_cost.py --lower DIR [--shape ...]     # no GPU needed
+    python benchmarks/epilogue_cost.py --from DIR [--rounds 2]       # on the GPU
 
 For each of a few pinned configs (cooperative, ping-pong; the heuristic's ranking is
 replaced by that one config) and each block (a GEMM and its pointwise consumer),
@@ -10,11 +12,22 @@ timed in a CUDA graph; Inductor's default (cuBLAS + a Triton epilogue) is the re
 Prints ms per block and the ratio to the plain mm of the same config, so the cost of
 math (gelu), of extra loads (bias, residual) and of their mix can be told apart by kernel
 kind. Each round measures everything again (run-to-run noise shows as their spread).
+
+``--lower`` moves all compilation off the GPU machine: each config x block is lowered by
+Inductor on a virtual sm_90 (``tests/helpers.py``), its kernels are compiled into the
+kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``) and its output code is written to
+DIR/output_code.json.  ``--from DIR`` then runs that output code on the GPU (same cache
+directory; the torch version that lowered it must be the GPU machine's), checks each
+result against eager and times it; no Inductor default row.  A kernel change can so be
+compared in one call by lowering the old and the new package into two directories and
+timing them alternately, a few seconds per block instead of a torch.compile each.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import sys
 from typing import Any
@@ -64,31 +77,102 @@ def time_block(fn: Any, args: tuple, variant: str) -> float:
     return median_ms(lambda: compiled(*args), cuda_graph=True)
 
 
+def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
+    """Lower every config x block on a virtual sm_90, compile its kernels, save the code."""
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
+    from cutedsl_inductor.runtime.loader import load_kernel
+    from tests.helpers import lowered, use_virtual_sm90
+
+    use_virtual_sm90(MonkeyPatch())
+    m, n, k = shape
+    codes: dict[str, dict[str, str]] = {}
+    for label, cfg in CONFIGS.items():
+        template.pick_configs = lambda *_, cfg=cfg, **__: [dict(cfg)]
+        for name, fn in BLOCKS.items():
+            with torch._inductor.config.patch(max_autotune=True,
+                                              max_autotune_gemm_backends="CUTEDSL"), \
+                    config.patch(epilogue_fusion=True, gemm_max_configs=1), \
+                    lowered(fn, (m, k), (n, k), (n,), (m, n)) as graph:
+                code = graph.codegen()[0].value
+            kernels = [node for node in ast.parse(code).body
+                       if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                       and getattr(node.value.func, "id", "") == "load_kernel"]
+            exec(compile(ast.Module(kernels, type_ignores=[]), name, "exec"),
+                 {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
+                  "ScalarSpec": ScalarSpec})
+            codes.setdefault(label, {})[name] = code
+            print(f"lowered {label:20s} {name}", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "output_code.json"), "w") as f:
+        json.dump({"shape": [m, n, k], "code": codes}, f)
+
+
+def time_lowered(codes: dict[str, str], tensors: tuple) -> list[float]:
+    """ms of each block's saved output code, its result checked against eager."""
+    from torch._inductor.codecache import PyCodeCache
+
+    times = []
+    for name, code in codes.items():
+        module = PyCodeCache.load(code)
+        (result,) = module.call(list(tensors))
+        reference = BLOCKS[name](*tensors).double()
+        error = ((result.double() - reference).norm() / reference.norm()).item()
+        if not error < 1e-2:
+            raise AssertionError(f"{name}: relative error {error}")
+        times.append(median_ms(lambda: module.call(list(tensors)), cuda_graph=True))
+    return times
+
+
+def report(rows: dict[str, list[list[float]]], shape: tuple[int, int, int]) -> None:
+    (m, n, k), rounds = shape, len(next(iter(rows.values())))
+    print(f"\n{m}x{n}x{k} bf16: ms of the plain mm, then each block / plain mm "
+          f"(min and max over {rounds} rounds)")
+    print(f"{'config':20s} {'mm ms':>13} " + " ".join(f"{b:>13s}" for b in list(BLOCKS)[1:]))
+    for label, measured in rows.items():
+        cells = [f"{min(r[0] for r in measured):.4f}-{max(r[0] for r in measured):.4f}"]
+        for i in range(1, len(BLOCKS)):
+            ratios = [r[i] / r[0] for r in measured]
+            cells.append(f"{min(ratios):.3f}-{max(ratios):.3f}")
+        print(f"{label:20s} " + " ".join(f"{c:>13s}" for c in cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", type=parse_shapes, default=[(8192, 4096, 4096)])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lower", metavar="DIR", help="no GPU: lower and compile, save the "
+                        "output code in DIR")
+    parser.add_argument("--from", dest="lowered", metavar="DIR",
+                        help="time the output code that --lower saved in DIR")
     args = parser.parse_args()
-    (m, n, k), = args.shape
+    (shape,) = args.shape
+    if args.lower:
+        lower_blocks(shape, args.lower)
+        return 0
+    saved = None
+    if args.lowered:
+        with open(os.path.join(args.lowered, "output_code.json")) as f:
+            saved = json.load(f)
+        shape = tuple(saved["shape"])
+    m, n, k = shape
     tensors = tuple(torch.randn(*s, device="cuda", dtype=torch.bfloat16)
                     for s in ((m, k), (n, k), (n,), (m, n)))
     rows: dict[str, list[list[float]]] = {}
     for _ in range(args.rounds):
+        if saved is not None:
+            for label, codes in saved["code"].items():
+                rows.setdefault(label, []).append(time_lowered(codes, tensors))
+                print(f"{label:20s} " + " ".join(f"{t:.4f}" for t in rows[label][-1]), flush=True)
+            continue
         for label, cfg in [("Inductor default", None), *CONFIGS.items()]:
             template.pick_configs = lambda *_, cfg=cfg, **__: [dict(cfg)]
             times = [time_block(fn, tensors, "default" if cfg is None else "ours")
                      for fn in BLOCKS.values()]
             rows.setdefault(label, []).append(times)
             print(f"{label:20s} " + " ".join(f"{t:.4f}" for t in times), flush=True)
-    print(f"\n{m}x{n}x{k} bf16: ms of the plain mm, then each block / plain mm "
-          f"(min and max over {args.rounds} rounds)")
-    print(f"{'config':20s} {'mm ms':>13} " + " ".join(f"{b:>13s}" for b in list(BLOCKS)[1:]))
-    for label, rounds in rows.items():
-        cells = [f"{min(r[0] for r in rounds):.4f}-{max(r[0] for r in rounds):.4f}"]
-        for i in range(1, len(BLOCKS)):
-            ratios = [r[i] / r[0] for r in rounds]
-            cells.append(f"{min(ratios):.3f}-{max(ratios):.3f}")
-        print(f"{label:20s} " + " ".join(f"{c:>13s}" for c in cells))
+    report(rows, shape)
     return 0
 
 
