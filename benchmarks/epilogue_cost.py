@@ -26,7 +26,6 @@ timing them alternately, a few seconds per block instead of a torch.compile each
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -81,9 +80,7 @@ def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
     """Lower every config x block on a virtual sm_90, compile its kernels, save the code."""
     from _pytest.monkeypatch import MonkeyPatch
 
-    from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
-    from cutedsl_inductor.runtime.loader import load_kernel
-    from tests.helpers import lowered, use_virtual_sm90
+    from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
 
     use_virtual_sm90(MonkeyPatch())
     m, n, k = shape
@@ -96,12 +93,7 @@ def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
                     config.patch(epilogue_fusion=True, gemm_max_configs=1), \
                     lowered(fn, (m, k), (n, k), (n,), (m, n)) as graph:
                 code = graph.codegen()[0].value
-            kernels = [node for node in ast.parse(code).body
-                       if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                       and getattr(node.value.func, "id", "") == "load_kernel"]
-            exec(compile(ast.Module(kernels, type_ignores=[]), name, "exec"),
-                 {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
-                  "ScalarSpec": ScalarSpec})
+            load_kernels(kernel_definitions(code))
             codes.setdefault(label, {})[name] = code
             print(f"lowered {label:20s} {name}", flush=True)
     os.makedirs(out_dir, exist_ok=True)

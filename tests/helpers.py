@@ -1,5 +1,6 @@
 """IR builders for CPU tests: real Inductor nodes on a (virtual) CUDA device."""
 
+import ast
 import contextlib
 from types import SimpleNamespace
 
@@ -75,3 +76,22 @@ def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False, post_grad=Fals
             V.set_fake_mode(mode):
         graph.run(*args)
         yield graph
+
+
+def kernel_definitions(code):
+    """The ``name = load_kernel(...)`` statements of an output module."""
+    return [node for node in ast.parse(code).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "load_kernel"]
+
+
+def load_kernels(definitions):
+    """Run those statements, as the output module would (each kernel compiled, or found
+    in the kernel cache); returns their namespace (kernel name -> wrapper)."""
+    from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
+    from cutedsl_inductor.runtime.loader import load_kernel
+
+    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
+                 "ScalarSpec": ScalarSpec}
+    exec(compile(ast.Module(definitions, type_ignores=[]), "output_code", "exec"), namespace)
+    return namespace

@@ -128,8 +128,8 @@ def _silu_input(node: Any, matched: list[Any]) -> Any:
 def _same_input(a: Any, b: Any) -> bool:
     if a is b:
         return True
-    return (_call(a, aten.reshape.default) or _call(a, aten.view.default)) and (
-        b.target == a.target and b.args[0] is a.args[0] and list(b.args[1]) == list(a.args[1]))
+    return (isinstance(a, torch.fx.Node) and a.target in _VIEWS and b.target == a.target
+            and b.args[0] is a.args[0] and list(b.args[1]) == list(a.args[1]))
 
 
 def _match(mul: Any) -> tuple[Any, Any] | None:

@@ -12,11 +12,9 @@ from torch._inductor.scheduler import Scheduler
 
 from cutedsl_inductor import config
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
 from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
-from cutedsl_inductor.runtime.loader import load_kernel
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
-from tests.helpers import lowered, use_virtual_sm90
+from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
 
 BLOCKS = {
     "gelu_bias": (lambda x, w, b: F.gelu(x @ w.t() + b), [(256, 512), (384, 512), (384,)]),
@@ -36,13 +34,6 @@ def max_autotune(monkeypatch):
         yield
 
 
-def kernel_definitions(code):
-    """The ``name = load_kernel(...)`` statements of an output module."""
-    return [node for node in ast.parse(code).body
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", "") == "load_kernel"]
-
-
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_block_fuses_into_the_gemm_and_its_kernels_compile(block, max_autotune):
     fn, shapes = BLOCKS[block]
@@ -54,10 +45,8 @@ def test_block_fuses_into_the_gemm_and_its_kernels_compile(block, max_autotune):
     assert len(definitions) == (2 if block == "swiglu" else 1)
     fused = [d for d in definitions if "_epilogue(" in ast.unparse(d)]
     assert len(fused) == 1
-    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
-                 "ScalarSpec": ScalarSpec}
     compiled_while_fusing = compiler.stats["compiled"]
-    exec(compile(ast.Module(fused, type_ignores=[]), "output_code", "exec"), namespace)
+    load_kernels(fused)
     # the scheduler compiled the fused kernel before fusing; the output code reuses it
     assert compiled_while_fusing >= 1 and compiler.stats["compiled"] == compiled_while_fusing
     assert compiler.stats["memory_hits"] >= 1

@@ -10,9 +10,7 @@ import torch.nn.functional as F
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.swiglu import rewrite_swiglu
-from cutedsl_inductor.runtime.loader import load_kernel
-from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
-from tests.helpers import lowered, use_virtual_sm90
+from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
 
 
 def swiglu(x, w1, w3):
@@ -34,12 +32,6 @@ def max_autotune(monkeypatch):
 OURS_ONLY = {"test_configs.autotune_choice_desc_regex": "sm90_gemm"}
 
 
-def kernel_definitions(code):
-    return [node for node in ast.parse(code).body
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", "") == "load_kernel"]
-
-
 def mm_count(graph):
     return sum(node.target == torch.ops.aten.mm.default for node in graph.graph.nodes)
 
@@ -57,9 +49,7 @@ def test_swiglu_becomes_one_two_weight_gemm_that_compiles(x_shape, up_weight, ma
     assert "swiglu=SWIGLU" in source and up_weight in source
     calls = code.split("async_compile.wait")[1]
     assert "triton" not in calls and "extern_kernels.mm" not in calls
-    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
-                 "ScalarSpec": ScalarSpec}
-    exec(compile(ast.Module([definition], type_ignores=[]), "output_code", "exec"), namespace)
+    namespace = load_kernels([definition])
     name = definition.targets[0].id
     assert namespace[name].kernel_fn is not None
 
