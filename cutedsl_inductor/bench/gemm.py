@@ -10,8 +10,11 @@ For each shape: TFLOP/s of our best config (the heuristic's configs, each compil
 through the template path and timed), of ``torch.mm`` (cuBLAS) and of Inductor's best
 Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; the CSV in
 ``--out`` gets each row as it is measured (a run cut short keeps what it measured), the
-PNG plot comes at the end. Timing: ``triton.testing.do_bench`` medians on fresh random
-inputs.
+PNG plot comes at the end. Timing: our configs are timed one by one to pick the
+fastest (each checked against float64 first); then that config, cuBLAS and Triton are
+timed in ``--rounds`` interleaved rounds (``timing.interleaved_ms``: ``do_bench``
+medians, L2 flushed, fresh random inputs), the median round counting and the ratios'
+range over the rounds printed and kept in the CSV (``vs_*_min``/``vs_*_max``).
 ``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
 writes them as one CSV and plot.
 """
@@ -21,12 +24,13 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .timing import median_ms
+from .timing import interleaved_ms, median_ms
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -45,8 +49,10 @@ def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[A
     return a, b
 
 
-def ours_best_ms(a: torch.Tensor, b: torch.Tensor) -> tuple[float, str]:
-    """Best time over the heuristic's configs, through the template (as Inductor runs it)."""
+def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
+    """The fastest of the heuristic's configs, through the template (as Inductor runs it):
+    a function computing ``a @ b`` with it, and its description.  Every config's result
+    is checked against float64 first."""
     from torch._inductor import ir
 
     from ..autotune.scratch import scratch_graph
@@ -60,45 +66,60 @@ def ours_best_ms(a: torch.Tensor, b: torch.Tensor) -> tuple[float, str]:
         choices: list[Any] = []
         gemm_choices(choices, "mm", nodes, layout)
     out = torch.empty(m, n, device="cuda", dtype=a.dtype)
-    best = (math.inf, "none")
+    reference = a.double() @ b.double()
+    best = (math.inf, "none", None)
     for choice in choices:
         try:
             run = choice.load().run
+            out.fill_(math.nan)
             run(a, b, out)
-            best = min(best, (median_ms(lambda: run(a, b, out)), choice.description))
+            error = ((out.double() - reference).norm() / reference.norm()).item()
+            if not error < 2e-2:
+                raise AssertionError(f"wrong result (relative error {error})")
+            best = min(best, (median_ms(lambda: run(a, b, out)), choice.description, run),
+                       key=lambda t: t[0])
         except Exception as err:  # a failing config is reported, the others go on
             print(f"  config failed: {choice.description}: {err}")
-    reference = (a.double() @ b.double())
-    error = ((out.double() - reference).norm() / reference.norm()).item()
-    if not error < 2e-2:
-        raise AssertionError(f"wrong result (relative error {error})")
-    return best
+    if best[2] is None:
+        raise AssertionError(f"no config ran correctly at {m}x{n}x{a.shape[1]}")
+    run = best[2]
+    return (lambda: run(a, b, out)), best[1]
 
 
-def triton_best_ms(a: torch.Tensor, b: torch.Tensor) -> float:
+def triton_compiled(a: torch.Tensor, b: torch.Tensor) -> Any:
+    """``torch.mm`` compiled with Inductor's Triton templates only (max-autotune)."""
     torch._dynamo.reset()
     with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="TRITON",
                                       fx_graph_cache=False):
         fn = torch.compile(torch.mm)
         fn(a, b)
-    return median_ms(lambda: fn(a, b))
+    return lambda: fn(a, b)
+
+
+def _ratio_range(row: dict[str, Any], ref: str) -> str:
+    low, high = row.get(f"vs_{ref}_min"), row.get(f"vs_{ref}_max")
+    if low is None or math.isnan(low):  # a row of a CSV from before the rounds
+        return " " * 9
+    return f"{low:4.2f}-{high:4.2f}"
 
 
 def print_row(row: dict[str, Any]) -> None:
     print(f"{row['m']:>6} {row['n']:>7} {row['k']:>6} {row['dtype']:>4} {row['layout']:>3} "
           f"{row['ours']:7.0f} {row['cublas']:7.0f} {row['triton']:7.0f} "
-          f"{row['vs_cublas']:8.2f} {row['vs_triton']:8.2f}  "
+          f"{row['vs_cublas']:8.3f} {_ratio_range(row, 'cublas')} "
+          f"{row['vs_triton']:8.3f} {_ratio_range(row, 'triton')}  "
           f"{row['config'].removeprefix('CuteDSL sm90_gemm ')}", flush=True)
 
 
 HEADER = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':>7} "
-          f"{'Triton':>7} {'/cuBLAS':>8} {'/Triton':>8}  config")
+          f"{'Triton':>7} {'/cuBLAS':>8} {'rounds':>9} {'/Triton':>8} {'rounds':>9}  config")
 
 
 def read_rows(directory: Path) -> list[dict[str, Any]]:
     with open(directory / "gemm_bench.csv", newline="") as f:
         return [{key: value if key in ("dtype", "layout", "config") else
-                 (int(value) if key in "mnk" else float(value)) for key, value in row.items()}
+                 (int(value) if key in "mnk" else float(value or "nan"))
+                 for key, value in row.items()}
                 for row in csv.DictReader(f)]
 
 
@@ -121,12 +142,43 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(index), int(count)
 
 
+def parse_rounds(text: str) -> int:
+    if not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of rounds")
+    return int(text)
+
+
 CSV_FIELDS = ["m", "n", "k", "dtype", "layout", "config", "ours", "cublas", "triton",
-              "vs_cublas", "vs_triton"]
+              "vs_cublas", "vs_triton", "vs_cublas_min", "vs_cublas_max", "vs_triton_min",
+              "vs_triton_max"]
+ROUNDS = 5
+
+
+def measure_row(m: int, n: int, k: int, dt: str, layout: str, with_triton: bool,
+                rounds: int = ROUNDS) -> dict[str, Any]:
+    """One shape: our best config, cuBLAS and Triton timed in ``rounds`` interleaved
+    rounds (``interleaved_ms``); TFLOP/s from the medians, the ratios' range over the
+    rounds in the ``_min``/``_max`` fields."""
+    a, b = operands(m, n, k, DTYPES[dt], layout)
+    ours, cfg = ours_best(a, b)
+    fns = {"ours": ours, "cublas": lambda: torch.mm(a, b)}
+    if with_triton:
+        fns["triton"] = triton_compiled(a, b)
+    times = interleaved_ms(fns, rounds)
+    times.setdefault("triton", [math.nan] * rounds)
+    flops = 2 * m * n * k
+    row = dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg)
+    for name, per_round in times.items():
+        row[name] = flops / statistics.median(per_round) / 1e9
+    for ref in ("cublas", "triton"):
+        row[f"vs_{ref}"] = row["ours"] / row[ref]
+        ratios = [r / o for o, r in zip(times["ours"], times[ref])]
+        row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
+    return row
 
 
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
-              with_triton: bool, table: Any) -> list[dict[str, Any]]:
+              with_triton: bool, table: Any, rounds: int = ROUNDS) -> list[dict[str, Any]]:
     """Measure every shape x dtype x layout; each row goes to ``table`` (a file) at once."""
     rows = []
     writer = csv.DictWriter(table, fieldnames=CSV_FIELDS)
@@ -135,16 +187,7 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
     for m, n, k in shapes:
         for dt in dtypes:
             for layout in layouts:
-                a, b = operands(m, n, k, DTYPES[dt], layout)
-                flops = 2 * m * n * k
-                ours_ms, cfg = ours_best_ms(a, b)
-                cublas_ms = median_ms(lambda: torch.mm(a, b))
-                triton_ms = triton_best_ms(a, b) if with_triton else math.nan
-                row = dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg,
-                           ours=flops / ours_ms / 1e9, cublas=flops / cublas_ms / 1e9,
-                           triton=flops / triton_ms / 1e9)
-                row["vs_cublas"] = row["ours"] / row["cublas"]
-                row["vs_triton"] = row["ours"] / row["triton"]
+                row = measure_row(m, n, k, dt, layout, with_triton, rounds)
                 rows.append(row)
                 writer.writerow(row)
                 table.flush()
@@ -163,6 +206,11 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     if with_triton:
         above = sum(r["vs_triton"] > 1 for r in with_triton)
         lines.append(f"above Inductor's best Triton on {above} of {len(with_triton)} shapes")
+        in_rounds = [r for r in with_triton if not math.isnan(r.get("vs_triton_min", math.nan))]
+        if in_rounds:
+            every_round = sum(r["vs_triton_min"] > 1 for r in in_rounds)
+            lines.append(f"in every round on {every_round} of the {len(in_rounds)} timed "
+                         "in rounds")
     return "\n".join(lines)
 
 
@@ -203,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--layouts", default="nt,nn")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--rounds", type=parse_rounds, default=ROUNDS,
+                        help="interleaved timing rounds per shape (their median counts)")
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
                         help="run every N-th shape starting at the K-th (split long suites)")
     parser.add_argument("--out", default="bench-out")
@@ -227,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "gemm_bench.csv", "w", newline="") as table:
         rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
-                         with_triton=not args.no_triton, table=table)
+                         with_triton=not args.no_triton, table=table, rounds=args.rounds)
     print(summarize(rows))
     write_plot(rows, out)
     return 0
