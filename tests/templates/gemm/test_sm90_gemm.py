@@ -329,8 +329,9 @@ def test_pick_configs_offers_the_measured_decode_winners():
     """H200 sweeps (gemm_sweep.py, nt / nn): at M = 16 swapped tiles were the fastest, the
     64x16 tile with 16 stages at 16x4096x4096 (1.05 / 1.10 of cuBLAS) and 16x4096x14336
     (1.02 / 1.02, split in two 1.01), the 128x16 tile at 16x14336x4096 (1.01 / 1.00) and
-    at 16x128256x4096 with the 256x16 tile (1.01 / 1.01); no split of 8 (always slower
-    than 2) takes their places."""
+    at 16x128256x4096 with the 256x16 tile (1.01 / 1.01), and for the K-major weight (nt)
+    the 128x16 tile with a k-tile of 128 at 16x14336x4096 and 16x128256x4096 (1.03, 1.04);
+    no split of 8 (always slower than 2) takes their places."""
     shapes = [(16, 4096, 4096), (16, 14336, 4096), (16, 4096, 14336), (16, 128256, 4096)]
     offered = {shape: [config_name(c) for c in pick_configs(*shape)] for shape in shapes}
     assert "t64x16x64_c1x1_1wg_rm_s16_swap" in offered[16, 4096, 4096]
@@ -339,6 +340,8 @@ def test_pick_configs_offers_the_measured_decode_winners():
     assert {"t64x16x64_c2x1_1wg_rm_s16_swap", "t64x16x64_c1x1_1wg_rm_s16_swap",
             "t64x16x64_c1x1_1wg_rm_s16_k2_swap"} <= set(offered[16, 4096, 14336])
     assert "t256x16x64_c1x1_coop_rm_swap" in offered[16, 128256, 4096]
+    for shape in ((16, 14336, 4096), (16, 128256, 4096)):
+        assert "t128x16x128_c1x1_1wg_rm_swap" in offered[shape]
     assert not any(name.endswith("_k8") for names in offered.values() for name in names)
 
 
