@@ -21,6 +21,9 @@ directory; the torch version that lowered it must be the GPU machine's), checks 
 result against eager and times it; no Inductor default row.  A kernel change can so be
 compared in one call by lowering the old and the new package into two directories and
 timing them alternately, a few seconds per block instead of a torch.compile each.
+``--clocks`` adds the SM clock and board power (``nvidia-smi``) while each block runs
+back to back: a block that slows the clock (a power limit) costs time outside the kernel's
+own schedule.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
+import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,8 +107,9 @@ def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
         json.dump({"shape": [m, n, k], "code": codes}, f)
 
 
-def time_lowered(codes: dict[str, str], tensors: tuple) -> list[float]:
-    """ms of each block's saved output code, its result checked against eager."""
+def time_lowered(codes: dict[str, str], tensors: tuple, clocks: bool = False) -> list[float]:
+    """ms of each block's saved output code, its result checked against eager; with
+    ``clocks``, also prints the SM clock and board power while each block runs."""
     from torch._inductor.codecache import PyCodeCache
 
     times = []
@@ -114,7 +121,29 @@ def time_lowered(codes: dict[str, str], tensors: tuple) -> list[float]:
         if not error < 1e-2:
             raise AssertionError(f"{name}: relative error {error}")
         times.append(median_ms(lambda: module.call(list(tensors)), cuda_graph=True))
+        if clocks:
+            mhz, watts = clock_and_power(lambda: module.call(list(tensors)))
+            print(f"  {name:14s} {times[-1]:.4f} ms  SM {mhz:6.0f} MHz  {watts:5.0f} W")
     return times
+
+
+def clock_and_power(fn: Any, seconds: float = 2.0, settle: float = 0.5) -> tuple[float, float]:
+    """Median SM clock (MHz) and board power (W) that ``nvidia-smi`` samples every 20 ms
+    while ``fn`` runs back to back, from ``settle`` s after the start to ``seconds``."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    query = ["nvidia-smi", "-i", gpu, "--query-gpu=clocks.sm,power.draw",
+             "--format=csv,noheader,nounits", "-lms", "20"]
+    sampler = None
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        fn()
+        if sampler is None and time.monotonic() - start > settle:
+            sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+    torch.cuda.synchronize()
+    sampler.terminate()
+    lines = sampler.communicate()[0].splitlines()
+    samples = [tuple(map(float, line.split(","))) for line in lines if line.strip()]
+    return (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
 
 
 def report(rows: dict[str, list[list[float]]], shape: tuple[int, int, int]) -> None:
@@ -138,6 +167,8 @@ def main() -> int:
                         "output code in DIR")
     parser.add_argument("--from", dest="lowered", metavar="DIR",
                         help="time the output code that --lower saved in DIR")
+    parser.add_argument("--clocks", action="store_true", help="with --from: the SM clock and "
+                        "power while each block runs (nvidia-smi)")
     args = parser.parse_args()
     (shape,) = args.shape
     if args.lower:
@@ -155,7 +186,7 @@ def main() -> int:
     for _ in range(args.rounds):
         if saved is not None:
             for label, codes in saved["code"].items():
-                rows.setdefault(label, []).append(time_lowered(codes, tensors))
+                rows.setdefault(label, []).append(time_lowered(codes, tensors, args.clocks))
                 print(f"{label:20s} " + " ".join(f"{t:.4f}" for t in rows[label][-1]), flush=True)
             continue
         for label, cfg in [("Inductor default", None), *CONFIGS.items()]:
