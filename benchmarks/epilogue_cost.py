@@ -133,12 +133,12 @@ def clock_and_power(fn: Any, seconds: float = 2.0, settle: float = 0.5) -> tuple
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     query = ["nvidia-smi", "-i", gpu, "--query-gpu=clocks.sm,power.draw",
              "--format=csv,noheader,nounits", "-lms", "20"]
-    sampler = None
     start = time.monotonic()
+    while time.monotonic() - start < settle:
+        fn()
+    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
     while time.monotonic() - start < seconds:
         fn()
-        if sampler is None and time.monotonic() - start > settle:
-            sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
     torch.cuda.synchronize()
     sampler.terminate()
     lines = sampler.communicate()[0].splitlines()
