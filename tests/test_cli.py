@@ -41,21 +41,40 @@ def test_precompile_in_two_worker_processes(tmp_path):
     assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
 
 
-def write_shard(directory, row):
+BEFORE_ROUNDS = "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton"
+WITH_ROUNDS = BEFORE_ROUNDS + ",vs_cublas_min,vs_cublas_max,vs_triton_min,vs_triton_max"
+
+
+def write_shard(directory, header, row):
     directory.mkdir()
-    (directory / "gemm_bench.csv").write_text(
-        "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton\n" + row + "\n")
+    (directory / "gemm_bench.csv").write_text(header + "\n" + row + "\n")
 
 
 def test_bench_gemm_merges_shards(tmp_path):
-    write_shard(tmp_path / "a", "16,4096,4096,bf16,nt,CuteDSL sm90_gemm (A),24.0,30.0,27.0,0.8,0.889")
-    write_shard(tmp_path / "b", "4096,4096,4096,fp16,nn,CuteDSL sm90_gemm (B),800.0,640.0,nan,1.25,nan")
-    run = cli("bench", "gemm", "--merge", str(tmp_path / "a"), str(tmp_path / "b"),
+    """A shard from before the interleaved rounds (no ratio ranges) merges with newer ones."""
+    write_shard(tmp_path / "a", BEFORE_ROUNDS,
+                "16,4096,4096,bf16,nt,CuteDSL sm90_gemm (A),24.0,30.0,27.0,0.8,0.889")
+    write_shard(tmp_path / "b", WITH_ROUNDS,
+                "4096,4096,4096,fp16,nn,CuteDSL sm90_gemm (B),800.0,640.0,nan,1.25,nan,"
+                "1.2,1.3,nan,nan")
+    write_shard(tmp_path / "c", WITH_ROUNDS,
+                "64,4096,4096,bf16,nn,CuteDSL sm90_gemm (C),100.0,100.0,98.0,1.0,1.02,"
+                "0.99,1.01,0.99,1.03")
+    run = cli("bench", "gemm", "--merge", *(str(tmp_path / d) for d in "abc"),
               "--out", str(tmp_path / "merged"), cache_dir=tmp_path / "kernels")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "geomean vs cuBLAS 1.000 over 2 shapes; worst 0.80 at 16x4096x4096 bf16 nt" in run.stdout
-    assert "above Inductor's best Triton on 0 of 1 shapes" in run.stdout
-    assert len((tmp_path / "merged" / "gemm_bench.csv").read_text().splitlines()) == 3
+    assert "geomean vs cuBLAS 1.000 over 3 shapes; worst 0.80 at 16x4096x4096 bf16 nt" in run.stdout
+    assert "above Inductor's best Triton on 1 of 2 shapes" in run.stdout
+    assert "in every round on 0 of the 1 timed in rounds" in run.stdout
+    assert " 1.250 1.20-1.30 " in run.stdout  # the ratio's range over the rounds
+    merged = (tmp_path / "merged" / "gemm_bench.csv").read_text().splitlines()
+    assert merged[0] == WITH_ROUNDS and len(merged) == 4
+
+
+def test_bench_gemm_rounds_are_checked_before_any_run(tmp_path):
+    run = cli("bench", "gemm", "--rounds", "0", cache_dir=tmp_path)
+    assert run.returncode == 2
+    assert "'0' is not a positive number of rounds" in run.stderr
 
 
 def test_bench_gemm_shapes(tmp_path):
