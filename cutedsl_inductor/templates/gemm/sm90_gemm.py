@@ -200,6 +200,7 @@ _MAX_CLUSTER_CTAS = 8  # the portable cluster size
 _EPI_UNIT = 16
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
+DEFAULT_GROUP_SIZE = 8  # clusters per band of the swizzled raster
 # 224: 14336 / 224 = 64 tiles, so two M tiles of 64 make 128 CTAs (of 132 SMs), not 112.
 _TILE_N_CHOICES = (16, 32, 64, 128, 192, 224, 256)
 
@@ -338,7 +339,7 @@ class Sm90Gemm:
         cluster_n: int = 1,
         stages: int = 0,
         raster: str = "m",
-        group_size: int = 8,
+        group_size: int = DEFAULT_GROUP_SIZE,
         cooperative: bool = True,
         acc_dtype: Any = cutlass.Float32,
         max_active_clusters: Optional[int] = None,
@@ -406,7 +407,8 @@ class Sm90Gemm:
     @staticmethod
     def config_error(
         tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, cluster_m: int = 1,
-        cluster_n: int = 1, stages: int = 0, raster: str = "m", group_size: int = 8,
+        cluster_n: int = 1, stages: int = 0, raster: str = "m",
+        group_size: int = DEFAULT_GROUP_SIZE,
         cooperative: bool = True, acc_dtype: Any = cutlass.Float32, store: str = "tma",
         split_k: int = 1, pingpong: bool = False, swiglu: str = "", **_unused: Any,
     ) -> Optional[str]:
@@ -1401,16 +1403,19 @@ _PINGPONG_ONE_WAVE = 0.9
 def config_name(cfg: dict) -> str:
     """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
     ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu`` for
-    the two-weight kernel)."""
+    the two-weight kernel, ``_g4`` for a raster band of 4 clusters instead of
+    ``DEFAULT_GROUP_SIZE``)."""
     split_k = cfg.get("split_k", 1)
     if cfg.get("pingpong", False):
         consumers = "pp"
     else:
         consumers = "coop" if cfg.get("cooperative", True) else "1wg"
-    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}{}{}".format(
+    group_size = cfg.get("group_size", DEFAULT_GROUP_SIZE)
+    return "t{}x{}x{}_c{}x{}_{}_r{}{}{}{}{}{}{}".format(
         cfg["tile_m"], cfg["tile_n"], cfg.get("tile_k", 64), cfg.get("cluster_m", 1),
         cfg.get("cluster_n", 1), consumers,
-        cfg.get("raster", "m"), f"_s{cfg['stages']}" if cfg.get("stages") else "",
+        cfg.get("raster", "m"), f"_g{group_size}" if group_size != DEFAULT_GROUP_SIZE else "",
+        f"_s{cfg['stages']}" if cfg.get("stages") else "",
         f"_k{split_k}" if split_k > 1 else "",
         "_swap" if cfg.get("swap_ab") else "",
         "_swiglu" if cfg.get("swiglu") else "",

@@ -13,7 +13,8 @@ pointers) and appends one choice per config from the heuristic (``pick_configs``
 ``config.gemm_max_configs``; every valid config with ``config.gemm_exhaustive``).
 Under dynamic shapes a stride that is a runtime size must be known to be aligned: the
 graph serves later sizes too, and the checks on this call's sizes say nothing of them.
-A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters, a
+A split-K config (small M, see ``pick_configs``) adds ``SPLIT_K`` to the parameters, one
+with a raster band other than the default (``group_size``, config sweeps) ``GROUP_SIZE``, a
 swap-AB config (M <= 32) ``SWAP_AB``: its entry passes the kernel (B, A, C^T), the
 weight in the WGMMA's M mode, and the fused epilogue swaps the coordinates back.
 A problem that does not suit it gets no choice, with a debug log saying why.
@@ -35,7 +36,7 @@ from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
-from .sm90_gemm import DEFAULT_CONFIGS, Sm90Gemm, pick_configs, swiglu_configs
+from .sm90_gemm import DEFAULT_CONFIGS, DEFAULT_GROUP_SIZE, Sm90Gemm, pick_configs, swiglu_configs
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
+        {%- if GROUP_SIZE is defined %} group_size=GROUP_SIZE,{% endif %}
         {%- if SWIGLU is defined %} swiglu=SWIGLU,{% endif %}
     )
     out = {{get_output()}}
@@ -129,6 +131,8 @@ def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> d
     # Only where set: the source (and cache key) of other choices stays as it was.
     if cfg.get("split_k", 1) > 1:
         params["SPLIT_K"] = cfg["split_k"]
+    if cfg.get("group_size", DEFAULT_GROUP_SIZE) != DEFAULT_GROUP_SIZE:
+        params["GROUP_SIZE"] = cfg["group_size"]
     if cfg.get("swap_ab"):
         params["SWAP_AB"] = True
     if cfg.get("swiglu"):

@@ -71,6 +71,24 @@ def test_split_k_choice_renders_split_k_only_when_split(graph):
     assert isinstance(split[0].load().kernel_fn, tvm_ffi.Function)
 
 
+def test_raster_band_renders_only_where_not_the_default(graph):
+    """A sweep's ``group_size`` reaches the kernel as GROUP_SIZE; the default's source (and
+    so its cache key) has no trace of it."""
+    from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS, config_name
+
+    a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    layout = make_layout((4096, 4096), torch.bfloat16)
+    cfg = DEFAULT_CONFIGS[0]
+    default, banded = [], []
+    gemm_choices(default, "mm", [a, b], layout, configs=[cfg])
+    gemm_choices(banded, "mm", [a, b], layout, configs=[dict(cfg, group_size=4)])
+    assert "group_size" not in default[0].source and "GROUP_SIZE" not in default[0].params
+    assert "group_size=GROUP_SIZE" in banded[0].source and banded[0].params["GROUP_SIZE"] == 4
+    assert config_name(dict(cfg, group_size=4)) == config_name(cfg) + "_g4"
+    assert isinstance(banded[0].load().kernel_fn, tvm_ffi.Function)
+
+
 def test_pingpong_choice_renders_and_compiles(graph):
     a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
