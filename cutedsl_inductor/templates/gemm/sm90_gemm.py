@@ -1422,9 +1422,11 @@ def config_name(cfg: dict) -> str:
         "_direct" if cfg.get("store", "tma") == "direct" and not cfg.get("swap_ab") else "")
 
 
-def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
+def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16",
+                 max_configs: Optional[int] = 8,
                  l: int = 1, num_sms: int = _DEFAULT_NUM_SMS, out_dtype: Any = None) -> list:
-    """Rank candidate configs for an (m, n, k, l) problem, best guess first.
+    """Rank candidate configs for an (m, n, k, l) problem, best guess first: the first
+    ``max_configs`` of them, or every one (``None``).
 
     When ``n * sizeof(out)`` is not a multiple of 16 bytes every returned
     config has ``store="direct"`` (see :class:`Sm90Gemm`).
@@ -1494,7 +1496,7 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
         cfg = dict(cfg, store="direct") if direct else dict(cfg)
         if cfg not in out:
             out.append(cfg)
-        if len(out) >= max_configs:
+        if max_configs is not None and len(out) >= max_configs:
             break
     return out
 
@@ -1502,7 +1504,8 @@ def pick_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int =
 _SWIGLU_MIN_STAGES = 3
 
 
-def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int = 8,
+def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16",
+                   max_configs: Optional[int] = 8,
                    l: int = 1, out_dtype: Any = None) -> list:
     """Ranked configs of the two-weight kernel for an (m, n, k, l) problem.
 
@@ -1518,17 +1521,16 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int
     cuBLAS GEMMs at M = 16, the 64x16 one at 1.04-1.29."""
     c_bytes = _DTYPE_BYTES.get(_dtype_key(out_dtype or dtype) or "bf16", 2)
     store = "direct" if (n * c_bytes) % 16 else "tma"
-    every = len(DEFAULT_CONFIGS) * 4
     candidates = []
     if m <= _SWAP_AB_MAX_M:
         candidates += [
             dict({key: v for key, v in cfg.items() if key != "stages"}, swiglu="a")
-            for cfg in pick_configs(m, n, k, dtype, max_configs=every, l=l,
+            for cfg in pick_configs(m, n, k, dtype, max_configs=None, l=l,
                                     out_dtype=out_dtype)
             if cfg.get("swap_ab") and cfg.get("split_k", 1) == 1]
     candidates += [
         dict(cfg, tile_n=cfg["tile_n"] // 2, swiglu="b", store=store)
-        for cfg in pick_configs(m, 2 * n, k, dtype, max_configs=every, l=l,
+        for cfg in pick_configs(m, 2 * n, k, dtype, max_configs=None, l=l,
                                 out_dtype=out_dtype)
         if cfg.get("split_k", 1) == 1 and not cfg.get("swap_ab") and cfg["tile_n"] % 2 == 0]
     out = []
@@ -1538,7 +1540,7 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16", max_configs: int
         kernel = Sm90Gemm(**{key: v for key, v in cfg.items() if key != "swap_ab"})
         if kernel.ring_stages(2, c_bytes) >= _SWIGLU_MIN_STAGES:  # swap_ab: the caller's
             out.append(cfg)
-        if len(out) >= max_configs:
+        if max_configs is not None and len(out) >= max_configs:
             break
     return out
 

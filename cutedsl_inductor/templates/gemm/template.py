@@ -36,7 +36,7 @@ from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
-from .sm90_gemm import DEFAULT_CONFIGS, DEFAULT_GROUP_SIZE, Sm90Gemm, pick_configs, swiglu_configs
+from .sm90_gemm import DEFAULT_GROUP_SIZE, Sm90Gemm, pick_configs, swiglu_configs
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +205,10 @@ def swapped_problem(problem: dict[str, Any]) -> dict[str, Any]:
         batch_strides=(batch[1], batch[0], batch[2]) if batch else None)
 
 
-def _max_configs() -> int:
+def _max_configs() -> int | None:
     """How many configs the heuristic offers: ``config.gemm_max_configs``, or every
-    candidate with ``config.gemm_exhaustive``."""
-    return len(DEFAULT_CONFIGS) * 4 if config.gemm_exhaustive else config.gemm_max_configs
+    candidate (None) with ``config.gemm_exhaustive``."""
+    return None if config.gemm_exhaustive else config.gemm_max_configs
 
 
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,

@@ -71,6 +71,21 @@ def test_split_k_choice_renders_split_k_only_when_split(graph):
     assert isinstance(split[0].load().kernel_fn, tvm_ffi.Function)
 
 
+def test_exhaustive_mode_offers_every_candidate(graph):
+    """At M = 16 there are more candidates (split-K and swap-AB variants) than a fixed
+    multiple of the default configs; exhaustive mode offers all of them."""
+    from cutedsl_inductor import config
+    from cutedsl_inductor.templates.gemm.sm90_gemm import pick_configs
+
+    a = make_input(graph, "a", (16, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    choices = []
+    with config.patch(gemm_exhaustive=True):
+        gemm_choices(choices, "mm", [a, b], make_layout((16, 4096), torch.bfloat16))
+    every = pick_configs(16, 4096, 4096, max_configs=None)
+    assert len(every) > 48 and len(choices) == len(every)
+
+
 def test_raster_band_renders_only_where_not_the_default(graph):
     """A sweep's ``group_size`` reaches the kernel as GROUP_SIZE; the default's source (and
     so its cache key) has no trace of it."""
