@@ -31,10 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import parse_shapes  # noqa: E402
-from cutedsl_inductor.bench.timing import median_ms  # noqa: E402
+from cutedsl_inductor.bench.timing import clock_and_power, median_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm import template  # noqa: E402
 
 BLOCKS = {
@@ -125,25 +122,6 @@ def time_lowered(codes: dict[str, str], tensors: tuple, clocks: bool = False) ->
             mhz, watts = clock_and_power(lambda: module.call(list(tensors)))
             print(f"  {name:14s} {times[-1]:.4f} ms  SM {mhz:6.0f} MHz  {watts:5.0f} W")
     return times
-
-
-def clock_and_power(fn: Any, seconds: float = 2.0, settle: float = 0.5) -> tuple[float, float]:
-    """Median SM clock (MHz) and board power (W) that ``nvidia-smi`` samples every 20 ms
-    while ``fn`` runs back to back, from ``settle`` s after the start to ``seconds``."""
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    query = ["nvidia-smi", "-i", gpu, "--query-gpu=clocks.sm,power.draw",
-             "--format=csv,noheader,nounits", "-lms", "20"]
-    start = time.monotonic()
-    while time.monotonic() - start < settle:
-        fn()
-    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
-    while time.monotonic() - start < seconds:
-        fn()
-    torch.cuda.synchronize()
-    sampler.terminate()
-    lines = sampler.communicate()[0].splitlines()
-    samples = [tuple(map(float, line.split(","))) for line in lines if line.strip()]
-    return (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
 
 
 def report(rows: dict[str, list[list[float]]], shape: tuple[int, int, int]) -> None:

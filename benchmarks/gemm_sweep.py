@@ -15,7 +15,10 @@ compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so
 a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
 ``--top`` fastest configs with TFLOP/s, the ratio to cuBLAS and the heuristic's rank
 of the config ("-": not offered by default), after checking every result against
-float64 (relative error < 2e-2; a failure is reported and counted).
+float64 (relative error < 2e-2; a failure is reported and counted).  ``--clocks N`` adds
+the SM clock and board power (``nvidia-smi``) while cuBLAS and each of the N fastest
+configs run back to back, and TFLOP/s per 100 W: under the power cap a kernel that spends
+less energy per FLOP holds a higher clock.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ if REPO not in sys.path:
 
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
-from cutedsl_inductor.bench.timing import median_ms  # noqa: E402
+from cutedsl_inductor.bench.timing import clock_and_power, median_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
     Sm90Gemm, config_name, pick_configs, swiglu_configs)
 
@@ -104,7 +107,7 @@ def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, 
 
 
 def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
-                 swiglu: bool = False) -> int:
+                 swiglu: bool = False, clocks: int = 0) -> int:
     """Print the ``top`` fastest configs of one shape; return how many were wrong."""
     a, b = operands(m, n, k, torch.bfloat16, layout)
     weights = [b] + [operands(m, n, k, torch.bfloat16, layout)[1] for _ in range(swiglu)]
@@ -114,7 +117,7 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     flops = 2 * m * n * k * len(weights)
     cublas = flops / median_ms(lambda: [torch.mm(a, w) for w in weights]) / 1e9
-    rows, failures = [], 0
+    rows, failures, runs = [], 0, {}
     for cfg, rank, choice in entries:
         try:
             run = choice.load().run
@@ -123,6 +126,7 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
             error = ((out.double() - reference).norm() / reference.norm()).item()
             if not error < TOLERANCE:
                 raise AssertionError(f"relative error {error:.2e}")
+            runs[config_name(cfg)] = run
             rows.append((flops / median_ms(lambda: run(a, *weights, out)) / 1e9, cfg, rank))
         except Exception as err:  # a failing config is reported, the others go on
             failures += 1
@@ -135,7 +139,20 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
     offered = [row for row in rows if row[2] is not None]
     if rows and offered:
         print(f"  best offered / best swept: {offered[0][0] / rows[0][0]:.2f}")
+    if clocks:
+        print_clocks({"cuBLAS": (cublas, lambda: [torch.mm(a, w) for w in weights])}
+                     | {config_name(cfg): (tflops, lambda run=runs[config_name(cfg)]:
+                                           run(a, *weights, out))
+                        for tflops, cfg, _ in rows[:clocks]})
     return failures
+
+
+def print_clocks(fns: dict[str, tuple[float, Any]]) -> None:
+    """SM clock, board power and TFLOP/s per 100 W of each (TFLOP/s, function)."""
+    for name, (tflops, fn) in fns.items():
+        mhz, watts = clock_and_power(fn)
+        print(f"  {name:36s} SM {mhz:5.0f} MHz {watts:4.0f} W  "
+              f"{100 * tflops / watts:5.1f} TFLOP/s per 100 W")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranked", type=int, default=10_000, metavar="N",
                         help="only the heuristic's first N candidates (and their variants)")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--clocks", type=int, default=0, metavar="N",
+                        help="SM clock and power of cuBLAS and the N fastest configs")
     parser.add_argument("--swiglu", action="store_true",
                         help="the two-weight kernel, against two cuBLAS GEMMs")
     parser.add_argument("--precompile", action="store_true",
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
                     print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
                 else:
-                    failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu)
+                    failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu,
+                                             args.clocks)
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

@@ -6,10 +6,17 @@ calls captured in a CUDA graph and replayed: GPU time only, as under
 ``interleaved_ms`` compares several functions: it times each once per round, in turn,
 so that the GPU's clock and temperature drifting over a run reach every function alike,
 and keeps every round's median (their median is the figure; their spread shows how far
-one comparison moves between rounds)."""
+one comparison moves between rounds).
+
+``clock_and_power`` samples ``nvidia-smi`` while a function runs back to back: the
+SM clock a kernel holds under the board's power cap."""
 
 from __future__ import annotations
 
+import os
+import statistics
+import subprocess
+import time
 from typing import Any
 
 
@@ -29,3 +36,24 @@ def interleaved_ms(fns: dict[str, Any], rounds: int, rep: int = 50) -> dict[str,
         for name, fn in fns.items():
             times[name].append(median_ms(fn, rep=rep))
     return times
+
+
+def clock_and_power(fn: Any, seconds: float = 2.0, settle: float = 0.5) -> tuple[float, float]:
+    """Median SM clock (MHz) and board power (W) that ``nvidia-smi`` samples every 20 ms
+    while ``fn`` runs back to back, from ``settle`` s after the start to ``seconds``."""
+    import torch
+
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    query = ["nvidia-smi", "-i", gpu, "--query-gpu=clocks.sm,power.draw",
+             "--format=csv,noheader,nounits", "-lms", "20"]
+    start = time.monotonic()
+    while time.monotonic() - start < settle:
+        fn()
+    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+    while time.monotonic() - start < seconds:
+        fn()
+    torch.cuda.synchronize()
+    sampler.terminate()
+    lines = sampler.communicate()[0].splitlines()
+    samples = [tuple(map(float, line.split(","))) for line in lines if line.strip()]
+    return (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
