@@ -71,10 +71,11 @@ def test_bench_gemm_merges_shards(tmp_path):
     assert merged[0] == WITH_ROUNDS and len(merged) == 4
 
 
-def test_bench_gemm_rounds_are_checked_before_any_run(tmp_path):
-    run = cli("bench", "gemm", "--rounds", "0", cache_dir=tmp_path)
-    assert run.returncode == 2
-    assert "'0' is not a positive number of rounds" in run.stderr
+def test_bench_rounds_are_checked_before_any_run(tmp_path):
+    for bench in ("gemm", "epilogue"):
+        run = cli("bench", bench, "--rounds", "0", cache_dir=tmp_path)
+        assert run.returncode == 2
+        assert "'0' is not a positive number of rounds" in run.stderr
 
 
 def test_bench_gemm_shapes(tmp_path):

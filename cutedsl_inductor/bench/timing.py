@@ -8,6 +8,11 @@ so that the GPU's clock and temperature drifting over a run reach every function
 and keeps every round's median (their median is the figure; their spread shows how far
 one comparison moves between rounds).
 
+``captured`` records calls of a function in a CUDA graph, so that functions compiled
+under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
+be timed in interleaved rounds: each graph's ``replay`` runs its function's kernels,
+not Dynamo.
+
 ``clock_and_power`` samples ``nvidia-smi`` while a function runs back to back: the
 SM clock a kernel holds under the board's power cap."""
 
@@ -36,6 +41,24 @@ def interleaved_ms(fns: dict[str, Any], rounds: int, rep: int = 50) -> dict[str,
         for name, fn in fns.items():
             times[name].append(median_ms(fn, rep=rep))
     return times
+
+
+def captured(fn: Any, calls: int) -> Any:
+    """A ``torch.cuda.CUDAGraph`` of ``calls`` calls of ``fn`` (warmed up on a side
+    stream first, as capture requires); its replays do not depend on Dynamo's caches."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
 
 
 def clock_and_power(fn: Any, seconds: float = 2.0, settle: float = 0.5) -> tuple[float, float]:

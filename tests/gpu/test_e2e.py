@@ -1,5 +1,6 @@
 """torch.compile end to end on an sm_90 GPU (marker ``gpu``; skipped elsewhere)."""
 
+import csv
 import os
 import subprocess
 import sys
@@ -211,3 +212,17 @@ def test_bench_gemm_writes_each_row_as_measured(tmp_path):
     lines = (tmp_path / "gemm_bench.csv").read_text().splitlines()
     assert lines[0].startswith("m,n,k,dtype,layout,config") and len(lines) == 3
     assert "geomean vs cuBLAS" in run.stdout
+
+
+def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor", "bench", "epilogue",
+                          "--shapes", "128x256x512", "--rounds", "2", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(tmp_path / "epilogue_bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and all(row["fused"] == "True" for row in rows)
+    for row in rows:
+        low, mid, high = (float(row[f"vs_max_autotune{end}"]) for end in ("_min", "", "_max"))
+        assert 0 < low <= mid <= high
+    assert "blocks (in every round on" in run.stdout
