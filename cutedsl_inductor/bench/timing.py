@@ -8,7 +8,7 @@ so that the GPU's clock and temperature drifting over a run reach every function
 and keeps every round's median (their median is the figure; their spread shows how far
 one comparison moves between rounds).
 
-``captured`` records calls of a function in a CUDA graph, so that functions compiled
+``captured`` records a call of a function in a CUDA graph, so that functions compiled
 under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
 be timed in interleaved rounds: each graph's ``replay`` runs its function's kernels,
 not Dynamo.
@@ -43,9 +43,9 @@ def interleaved_ms(fns: dict[str, Any], rounds: int, rep: int = 50) -> dict[str,
     return times
 
 
-def captured(fn: Any, calls: int) -> Any:
-    """A ``torch.cuda.CUDAGraph`` of ``calls`` calls of ``fn`` (warmed up on a side
-    stream first, as capture requires); its replays do not depend on Dynamo's caches."""
+def captured(fn: Any) -> Any:
+    """A ``torch.cuda.CUDAGraph`` of one call of ``fn`` (warmed up on a side stream
+    first, as capture requires); its replays do not depend on Dynamo's caches."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -56,8 +56,7 @@ def captured(fn: Any, calls: int) -> Any:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        fn()
     return graph
 
 
