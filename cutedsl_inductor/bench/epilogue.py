@@ -30,7 +30,6 @@ import ast
 import csv
 import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 
 from .. import config
 from .gemm import ROUNDS, parse_rounds, parse_shapes, parse_shard
-from .timing import captured, interleaved_ms
+from .timing import captured, interleaved_ms, tflops_and_ratios
 
 SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in ((4096, 4096), (14336, 4096))]
 QUICK = [(128, 4096, 4096), (8192, 4096, 4096)]
@@ -168,11 +167,5 @@ def measure(name: str, m: int, n: int, k: int, fn: Any, fn_args: tuple[torch.Ten
             fused, configs = all_fused, used
     times = interleaved_ms({variant: graph.replay for variant, graph in graphs.items()},
                            rounds)
-    row = dict(block=name, m=m, n=n, k=k, fused=fused, our_configs=configs)
-    for variant, per_round in times.items():
-        row[variant] = flops / statistics.median(per_round) / 1e9
-    for ref in ("default", "max_autotune"):
-        row[f"vs_{ref}"] = row["ours"] / row[ref]
-        ratios = [r / o for o, r in zip(times["ours"], times[ref])]
-        row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
-    return row
+    return dict(block=name, m=m, n=n, k=k, fused=fused, our_configs=configs,
+                **tflops_and_ratios(times, flops, ("default", "max_autotune")))

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .timing import interleaved_ms, median_ms
+from .timing import interleaved_ms, median_ms, tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -166,15 +165,8 @@ def measure_row(m: int, n: int, k: int, dt: str, layout: str, with_triton: bool,
         fns["triton"] = triton_compiled(a, b)
     times = interleaved_ms(fns, rounds)
     times.setdefault("triton", [math.nan] * rounds)
-    flops = 2 * m * n * k
-    row = dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg)
-    for name, per_round in times.items():
-        row[name] = flops / statistics.median(per_round) / 1e9
-    for ref in ("cublas", "triton"):
-        row[f"vs_{ref}"] = row["ours"] / row[ref]
-        ratios = [r / o for o, r in zip(times["ours"], times[ref])]
-        row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
-    return row
+    return dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg,
+                **tflops_and_ratios(times, 2 * m * n * k, ("cublas", "triton")))
 
 
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],

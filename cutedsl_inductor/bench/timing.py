@@ -43,6 +43,19 @@ def interleaved_ms(fns: dict[str, Any], rounds: int, rep: int = 50) -> dict[str,
     return times
 
 
+def tflops_and_ratios(times: dict[str, list[float]], flops: float,
+                      refs: tuple[str, ...]) -> dict[str, float]:
+    """From ``interleaved_ms``'s rounds: each name's TFLOP/s (its median round) and, for
+    each name in ``refs``, ``vs_<ref>`` (``"ours"``'s TFLOP/s over the ref's) with that
+    ratio's range over the rounds (``vs_<ref>_min``, ``vs_<ref>_max``)."""
+    row = {name: flops / statistics.median(per_round) / 1e9 for name, per_round in times.items()}
+    for ref in refs:
+        row[f"vs_{ref}"] = row["ours"] / row[ref]
+        ratios = [r / o for o, r in zip(times["ours"], times[ref])]
+        row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
+    return row
+
+
 def captured(fn: Any) -> Any:
     """A ``torch.cuda.CUDAGraph`` of one call of ``fn`` (warmed up on a side stream
     first, as capture requires); its replays do not depend on Dynamo's caches."""
