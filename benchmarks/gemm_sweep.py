@@ -17,8 +17,8 @@ a GPU run with the same cache only times.  Per shape and layout the GPU run prin
 of the config ("-": not offered by default), after checking every result against
 float64 (relative error < 2e-2; a failure is reported and counted).  ``--clocks N`` adds
 the SM clock and board power (``nvidia-smi``) while cuBLAS and each of the N fastest
-configs run back to back, and TFLOP/s per 100 W: under the power cap a kernel that spends
-less energy per FLOP holds a higher clock.
+configs run back to back: under the power cap a kernel that spends less energy per
+cycle holds a higher clock.
 """
 
 from __future__ import annotations
@@ -140,19 +140,17 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
     if rows and offered:
         print(f"  best offered / best swept: {offered[0][0] / rows[0][0]:.2f}")
     if clocks:
-        print_clocks({"cuBLAS": (cublas, lambda: [torch.mm(a, w) for w in weights])}
-                     | {config_name(cfg): (tflops, lambda run=runs[config_name(cfg)]:
-                                           run(a, *weights, out))
-                        for tflops, cfg, _ in rows[:clocks]})
+        print_clocks({"cuBLAS": lambda: [torch.mm(a, w) for w in weights]}
+                     | {config_name(cfg): lambda run=runs[config_name(cfg)]:
+                        run(a, *weights, out) for _, cfg, _ in rows[:clocks]})
     return failures
 
 
-def print_clocks(fns: dict[str, tuple[float, Any]]) -> None:
-    """SM clock, board power and TFLOP/s per 100 W of each (TFLOP/s, function)."""
-    for name, (tflops, fn) in fns.items():
+def print_clocks(fns: dict[str, Any]) -> None:
+    """SM clock and board power while each function runs back to back."""
+    for name, fn in fns.items():
         mhz, watts = clock_and_power(fn)
-        print(f"  {name:36s} SM {mhz:5.0f} MHz {watts:4.0f} W  "
-              f"{100 * tflops / watts:5.1f} TFLOP/s per 100 W")
+        print(f"  {name:36s} SM {mhz:5.0f} MHz {watts:4.0f} W")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,9 @@ graph valid), one call per graph.  The three graphs are then timed in ``--rounds
 interleaved rounds (``timing.interleaved_ms``: ``do_bench``, which flushes L2 before each
 replay, as Inductor's autotuning does and as a model's weights are when their layer
 comes round again; the flush also hides a replay's launch from the timing), the median
-round counting and each ratio's range over the rounds printed and kept.  Prints TFLOP/s (GEMM FLOPs over
-time), the ratios and the configs of our GEMM kernels, and writes them to
-``--out``/epilogue_bench.csv row by row (what was measured survives a run cut short).
+round counting and each ratio's range over the rounds printed and kept.  Prints TFLOP/s
+(GEMM FLOPs over time), the ratios and the configs of our GEMM kernels, and writes them
+to ``--out``/epilogue_bench.csv row by row (what was measured survives a run cut short).
 """
 
 from __future__ import annotations

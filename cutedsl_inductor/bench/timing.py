@@ -6,7 +6,8 @@ calls captured in a CUDA graph and replayed: GPU time only, as under
 ``interleaved_ms`` compares several functions: it times each once per round, in turn,
 so that the GPU's clock and temperature drifting over a run reach every function alike,
 and keeps every round's median (their median is the figure; their spread shows how far
-one comparison moves between rounds).
+one comparison moves between rounds); ``tflops_and_ratios`` turns those rounds into the
+benchmarks' rates and ratio ranges.
 
 ``captured`` records a call of a function in a CUDA graph, so that functions compiled
 under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
