@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import math
 import os
 import sys
 from typing import Any
@@ -37,12 +36,11 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
+from cutedsl_inductor.bench.gemm import checked_run, operands, parse_shapes  # noqa: E402
 from cutedsl_inductor.bench.timing import clock_and_power, median_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
     Sm90Gemm, config_name, pick_configs, swiglu_configs)
 
-TOLERANCE = 2e-2
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -120,12 +118,7 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
     rows, failures, runs = [], 0, {}
     for cfg, rank, choice in entries:
         try:
-            run = choice.load().run
-            out.fill_(math.nan)
-            run(a, *weights, out)
-            error = ((out.double() - reference).norm() / reference.norm()).item()
-            if not error < TOLERANCE:
-                raise AssertionError(f"relative error {error:.2e}")
+            run = checked_run(choice, (a, *weights), out, reference)
             runs[config_name(cfg)] = run
             rows.append((flops / median_ms(lambda: run(a, *weights, out)) / 1e9, cfg, rank))
         except Exception as err:  # a failing config is reported, the others go on

@@ -28,29 +28,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.gemm_sweep import TOLERANCE, sweep_choices  # noqa: E402
+from benchmarks.gemm_sweep import sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import operands, parse_rounds  # noqa: E402
+from cutedsl_inductor.bench.gemm import checked_run, operands, parse_rounds  # noqa: E402
 from cutedsl_inductor.bench.timing import interleaved_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import config_name  # noqa: E402
-
-
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (a, b) of y = a + b x."""
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
-             / sum((x - mean_x) ** 2 for x in xs))
-    return mean_y - slope * mean_x, slope
-
-
-def checked_run(choice: object, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> object:
-    run = choice.load().run
-    run(a, b, out)
-    reference = a.double() @ b.double()
-    error = ((out.double() - reference).norm() / reference.norm()).item()
-    if not error < TOLERANCE:
-        raise AssertionError(f"relative error {error:.2e}")
-    return lambda: run(a, b, out)
 
 
 def scan(m: int, n: int, ks: list[int], layout: str, ranked: int, rounds: int) -> None:
@@ -59,16 +41,18 @@ def scan(m: int, n: int, ks: list[int], layout: str, ranked: int, rounds: int) -
     for k in ks:
         a, b = operands(m, n, k, torch.bfloat16, layout)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        reference = a.double() @ b.double()
         fns = {"cuBLAS": lambda a=a, b=b: torch.mm(a, b)}
         for cfg, _, choice in sweep_choices(m, n, k, layout, [], ranked):
-            fns[config_name(cfg)] = checked_run(choice, a, b, out)
+            run = checked_run(choice, (a, b), out, reference)
+            fns[config_name(cfg)] = lambda run=run, a=a, b=b, out=out: run(a, b, out)
         for name, per_round in interleaved_ms(fns, rounds).items():
             times.setdefault(name, []).append(1e3 * statistics.median(per_round))
     print(f"\n{m}x{n}xK {layout}: us per K in {ks}; fit t = a + b K")
     for name, us in times.items():
         if len(us) != len(ks):  # the heuristic ranked it at some K only
             continue
-        fixed, per_k = line_fit([float(k) for k in ks], us)
+        per_k, fixed = statistics.linear_regression(ks, us)
         mainloop_tflops = 2 * m * n / per_k / 1e6
         print(f"  {name:36s} " + " ".join(f"{t:8.1f}" for t in us)
               + f"   a {fixed:6.1f} us   mainloop {mainloop_tflops:5.0f} TFLOP/s")

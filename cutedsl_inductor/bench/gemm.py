@@ -48,6 +48,21 @@ def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[A
     return a, b
 
 
+TOLERANCE = 2e-2  # relative (Frobenius) error of a 16-bit GEMM against float64
+
+
+def checked_run(choice: Any, inputs: tuple, out: torch.Tensor, reference: torch.Tensor) -> Any:
+    """``choice``'s kernel entry, after one call on ``inputs`` into ``out`` (NaN-filled
+    first) matched ``reference`` within ``TOLERANCE`` (AssertionError otherwise)."""
+    run = choice.load().run
+    out.fill_(math.nan)
+    run(*inputs, out)
+    error = ((out.double() - reference).norm() / reference.norm()).item()
+    if not error < TOLERANCE:
+        raise AssertionError(f"wrong result (relative error {error:.2e})")
+    return run
+
+
 def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
     """The fastest of the heuristic's configs, through the template (as Inductor runs it):
     a function computing ``a @ b`` with it, and its description.  Every config's result
@@ -69,12 +84,7 @@ def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
     best = (math.inf, "none", None)
     for choice in choices:
         try:
-            run = choice.load().run
-            out.fill_(math.nan)
-            run(a, b, out)
-            error = ((out.double() - reference).norm() / reference.norm()).item()
-            if not error < 2e-2:
-                raise AssertionError(f"wrong result (relative error {error})")
+            run = checked_run(choice, (a, b), out, reference)
             best = min(best, (median_ms(lambda: run(a, b, out)), choice.description, run),
                        key=lambda t: t[0])
         except Exception as err:  # a failing config is reported, the others go on
