@@ -224,5 +224,7 @@ def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):
     assert len(rows) == 3 and all(row["fused"] == "True" for row in rows)
     for row in rows:
         low, mid, high = (float(row[f"vs_max_autotune{end}"]) for end in ("_min", "", "_max"))
-        assert 0 < low <= mid <= high
+        # the median rounds' ratio lies within the rounds' range (to rounding: with two
+        # rounds it is a ratio of their means, a different division)
+        assert 0 < low <= mid * (1 + 1e-12) and mid <= high * (1 + 1e-12)
     assert "blocks (in every round on" in run.stdout

@@ -64,7 +64,10 @@ Design
 * Operands travel gmem -> smem by TMA (``cp.async.bulk.tensor``) into a
   ``stages``-deep ring guarded by a PipelineTmaAsync (full/empty mbarriers).
   With a cluster, A is multicast across the ``cluster_n`` CTAs that share
-  an M tile and B across the ``cluster_m`` CTAs that share an N tile.
+  an M tile and B across the ``cluster_m`` CTAs that share an N tile.  A tile's
+  first WGMMAs overwrite the accumulator (the accumulate flag off; K >= 1)
+  instead of it being zeroed per tile; a split-K rank, whose K range may be
+  empty, zeroes it.
 * Persistent static scheduler: ``grid = (cluster_m, cluster_n,
   min(#clusters of tiles, max_active_clusters))``; each cluster walks the
   linearised (M-tiles, N-tiles, L) space with stride = #launched clusters.
@@ -74,7 +77,9 @@ Design
 * Epilogue, one ``epi_tile`` sub-tile (64 rows per warpgroup of the tile x
   32 columns; 16 fp32 values per thread) at a time: copy the sub-tile's
   accumulator values into a register fragment -> :meth:`Sm90Gemm.epilogue_op`
-  on the copy (alpha, bias, beta; the fusion hook) -> cast -> swizzled smem
+  on the copy (alpha, bias, beta; the fusion hook; an alpha or beta that
+  :meth:`Sm90Gemm.launch` gets as the Python number 1, as the template passes
+  its ALPHA and BETA, costs no multiply) -> cast -> swizzled smem
   (stmatrix) -> TMA store (``store="tma"``, default).  With
   ``store="direct"`` the same happens for 16-value chunks of the fragment
   (the whole 8-value fragment of a 64x16 tile),
@@ -620,6 +625,11 @@ class Sm90Gemm:
                              f"weight(s) of {given!r}")
         if cutlass.const_expr(self.swiglu != "" and mBias is not None):
             raise ValueError("Sm90Gemm: swiglu takes no bias")
+        # Python numbers (the template's ALPHA and BETA) are compile-time constants: a
+        # factor of 1 then costs no multiply per value.  Float32 ones are runtime.
+        self.alpha_value = alpha if isinstance(alpha, (int, float)) else None
+        self.beta_value = beta if isinstance(beta, (int, float)) else None
+        alpha, beta = cutlass.Float32(alpha), cutlass.Float32(beta)
         self._setup(
             mA.element_type, mB.element_type, mC.element_type,
             LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB),
@@ -783,15 +793,25 @@ class Sm90Gemm:
         lie outside ``(prob_m, prob_n)`` in tail tiles; those values are
         discarded by the store but must not fault: clamp the coordinates of any
         gmem access into the problem (branch-free, and equal loads can be
-        shared) or predicate it.  Default: ``alpha * acc + beta * bias``.
+        shared) or predicate it.  Default: ``alpha * acc + beta * bias``, without the
+        multiply by a factor that :meth:`launch` was given as the Python number 1.
         Override both hooks in a subclass (decorated with ``@cute.jit``) to fuse
         more pointwise work; ``epi_args`` is passed through from ``__call__``.
         """
         if cutlass.const_expr(mBias is None):
-            acc.store(acc.load() * alpha)
+            if cutlass.const_expr(self.alpha_value != 1):
+                acc.store(acc.load() * alpha)
         else:
             for i in cutlass.range(cute.size(acc), unroll_full=True):
-                acc[i] = acc[i] * alpha + beta * prefetched[i].to(cutlass.Float32)
+                bias = prefetched[i].to(cutlass.Float32)
+                acc[i] = (self._times(acc[i], alpha, self.alpha_value)
+                          + self._times(bias, beta, self.beta_value))
+
+    @staticmethod
+    def _times(x, factor, value):
+        """``x * factor``; ``x`` itself where ``value`` (the factor's compile-time value,
+        or None) is 1."""
+        return x if cutlass.const_expr(value == 1) else x * factor
 
     @cute.jit
     def accumulated(self, acc, acc_up, i, released):
@@ -1090,7 +1110,6 @@ class Sm90Gemm:
                 pipeline.PipelineUserType.Consumer, self.stages)
             free_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Consumer, self.stages)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             tiles_done = cutlass.Int32(0)
             linear = linear_start
             walk_stride = n_persistent
@@ -1111,9 +1130,12 @@ class Sm90Gemm:
                         self.pingpong_wait_turn(pp_wg)
 
                 # ---------------- main loop: one WGMMA batch kept in flight
-                acc.fill(0.0)
-                if cutlass.const_expr(self.swiglu != ""):
-                    acc_up.fill(0.0)
+                # The tile's first WGMMAs overwrite the accumulators (k >= 1, so there
+                # is one), where zeroing them cost 2 instructions per value per tile.
+                # A split-K rank's K range may be empty: it zeroes them instead.
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, split > 1)
+                if cutlass.const_expr(split > 1):
+                    acc.fill(0.0)
                 for kt in range(my_k_tiles):
                     ring.consumer_wait(read_state)
                     # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
@@ -1129,6 +1151,7 @@ class Sm90Gemm:
                             up_b = self.stages * (self.swiglu == "b") + read_state.index
                             cute.gemm(tiled_mma, acc_up, tCrA[(None, None, kb, up_a)],
                                       tCrB[(None, None, kb, up_b)], acc_up)
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if kt > 0:

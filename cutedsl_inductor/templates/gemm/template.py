@@ -107,12 +107,12 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
 {%- if has_epilogue or SWIGLU is defined %}
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
-                cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream,
+                ALPHA, BETA, stream,
                 {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
                 {%- if SWIGLU is defined %} {{up_weight}},{% endif %})
 {%- else %}
     gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
-         cutlass.Float32(ALPHA), cutlass.Float32(BETA), stream)
+         ALPHA, BETA, stream)
 {%- endif %}
 '''
 

@@ -137,3 +137,23 @@ def test_swap_ab_choice_renders_and_compiles(graph, op):
     assert all("SWAP_AB" not in c.source for c in choices if not c.params.get("SWAP_AB"))
     assert isinstance(swapped[0].load().kernel_fn, tvm_ffi.Function)
 
+
+
+@pytest.mark.parametrize("alpha, multiplies", [(1.0, False), (0.5, True)])
+def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
+    """The template passes ALPHA to the kernel as a compile-time number: the PTX of an
+    mm with alpha = 1 has no fp32 multiply at all (the epilogue's only one is by alpha)."""
+    import re
+
+    from cutedsl_inductor import config
+    from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS
+
+    a = make_input(graph, "a", (512, 256), torch.bfloat16)
+    b = make_input(graph, "b", (256, 384), torch.bfloat16, stride=(1, 256))
+    choices = []
+    gemm_choices(choices, "mm", [a, b], make_layout((512, 384), torch.bfloat16), alpha=alpha,
+                 configs=[DEFAULT_CONFIGS[5]])
+    with config.patch(disk_cache=False, compile_options=f"--keep-ptx --dump-dir {tmp_path}"):
+        choices[0].load()
+    (ptx,) = tmp_path.glob("*.ptx")
+    assert bool(re.search(r"\bmul(\.rn)?\.f32\b", ptx.read_text())) == multiplies
