@@ -1131,7 +1131,7 @@ class Sm90Gemm:
 
                 # ---------------- main loop: one WGMMA batch kept in flight
                 # The tile's first WGMMAs overwrite the accumulators (k >= 1, so there
-                # is one), where zeroing them cost 2 instructions per value per tile.
+                # are some) instead of zeroing instructions between two tiles' mainloops.
                 # A split-K rank's K range may be empty: it zeroes them instead.
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, split > 1)
                 if cutlass.const_expr(split > 1):

@@ -138,7 +138,6 @@ def test_swap_ab_choice_renders_and_compiles(graph, op):
     assert isinstance(swapped[0].load().kernel_fn, tvm_ffi.Function)
 
 
-
 @pytest.mark.parametrize("alpha, multiplies", [(1.0, False), (0.5, True)])
 def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
     """The template passes ALPHA to the kernel as a compile-time number: the PTX of an
