@@ -64,13 +64,13 @@ Design
 * Operands travel gmem -> smem by TMA (``cp.async.bulk.tensor``) into a
   ``stages``-deep ring guarded by a PipelineTmaAsync (full/empty mbarriers).
   With a cluster, A is multicast across the ``cluster_n`` CTAs that share
-  an M tile and B across the ``cluster_m`` CTAs that share an N tile.  The loads
-  of an operand whose tiles only one cluster reads (B where M fits one cluster's
-  tiles: the weight at small M) carry an evict-first L2 policy, the others and
-  the C stores evict-normal (:meth:`Sm90Gemm.stream_policy`).  A tile's
-  first WGMMAs overwrite the accumulator (the accumulate flag off; K >= 1)
-  instead of it being zeroed per tile; a split-K rank, whose K range may be
-  empty, zeroes it.
+  an M tile and B across the ``cluster_m`` CTAs that share an N tile.  The
+  loads of an operand whose tiles only one cluster reads (B where M fits one
+  cluster's tiles: the weight at small M), if it is at most 256 MB, carry an
+  evict-first L2 policy, the others and the C stores evict-normal
+  (:meth:`Sm90Gemm.stream_policy`).  A tile's first WGMMAs overwrite the
+  accumulator (the accumulate flag off; K >= 1) instead of it being zeroed
+  per tile; a split-K rank, whose K range may be empty, zeroes it.
 * Persistent static scheduler: ``grid = (cluster_m, cluster_n,
   min(#clusters of tiles, max_active_clusters))``; each cluster walks the
   linearised (M-tiles, N-tiles, L) space with stride = #launched clusters.
@@ -216,6 +216,10 @@ _TILE_N_CHOICES = (16, 32, 64, 128, 192, 224, 256)
 # the DSL passes 0, which is no policy createpolicy makes.
 _EVICT_NORMAL = 0x1000000000000000
 _EVICT_FIRST = 0x12F0000000000000
+# The largest operand (bytes, all batches) loaded evict-first: on the H200 it paid for
+# 32 MB and 117 MB weights and cost 2-5% for a 1 GB one (128256 x 4096; see
+# Sm90Gemm.stream_policy).  Between the two, untested.
+_EVICT_FIRST_MAX_BYTES = 256 * 1024 * 1024
 
 _DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16", "BFloat16": "bf16",
@@ -816,16 +820,19 @@ class Sm90Gemm:
                           + self._times(bias, beta, self.beta_value))
 
     @staticmethod
-    def stream_policy(readers):
+    def stream_policy(readers, operand_bytes):
         """The L2 policy of an operand's TMA loads when ``readers`` clusters read each of
         its tiles: evict-first for a tile that one cluster reads (its multicast is one L2
-        read), normal otherwise.  A weight that small-M tiles stream once then does not
-        push reused lines, or a previous kernel's dirty ones, out of L2: on the H200 at
-        128x4096x4096 nn (do_bench, whose L2 flush leaves it dirty) 1.09 of cuBLAS
-        against 0.91, at 128x14336x4096 nn 1.08 against 0.99; 1.00 against 0.89 at
-        64x4096x4096 nn; at 1024^3, 4096^3 and 8192x4096x4096 unchanged (normal)."""
+        read) of an operand of at most ``_EVICT_FIRST_MAX_BYTES``, normal otherwise.  A
+        weight that small-M tiles stream once then does not push reused lines, or a
+        previous kernel's dirty ones, out of L2: on the H200 at 128x4096x4096 nn
+        (do_bench, whose L2 flush leaves it dirty) 1.09 of cuBLAS against 0.91, at
+        128x14336x4096 nn 1.08 against 0.99; 1.00 against 0.89 at 64x4096x4096 nn; at
+        1024^3, 4096^3 and 8192x4096x4096 unchanged (normal).  The 1 GB weight of
+        16x128256x4096 and 64x128256x4096 lost 2-5% with it."""
+        streamed = (readers == 1) & (operand_bytes <= _EVICT_FIRST_MAX_BYTES)
         return cutlass.Int64(cutlass.select_(
-            readers == 1, cutlass.Int64(_EVICT_FIRST), cutlass.Int64(_EVICT_NORMAL)))
+            streamed, cutlass.Int64(_EVICT_FIRST), cutlass.Int64(_EVICT_NORMAL)))
 
     @staticmethod
     def _times(x, factor, value):
@@ -1015,8 +1022,11 @@ class Sm90Gemm:
             # ------------------------------------------------ producer warpgroup
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
-                policy_a = self.stream_policy(clusters_n)
-                policy_b = self.stream_policy(clusters_m)
+                # Bytes of one operand row over K, every batch.
+                row_bytes = (cutlass.Int64(k_tiles * tk * (self.a_dtype.width // 8))
+                             * (total_clusters // (clusters_m * clusters_n)))
+                policy_a = self.stream_policy(clusters_n, row_bytes * prob_m)
+                policy_b = self.stream_policy(clusters_m, row_bytes * prob_n)
                 prod_state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages)
                 linear = linear_start

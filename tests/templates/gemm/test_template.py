@@ -161,7 +161,7 @@ def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
 def test_tma_copies_carry_l2_policies(graph, tmp_path):
     """Every TMA copy's cache-policy operand is a createpolicy encoding, not the DSL's
     default 0: the loads choose evict-first or evict-normal at run time (by how many
-    clusters read each tile), the stores evict-normal."""
+    clusters read each tile and the operand's size), the stores evict-normal."""
     import re
 
     from cutedsl_inductor import config
