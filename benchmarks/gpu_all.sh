@@ -5,6 +5,7 @@
 #                                             bench_epilogue_shards
 #                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
+#                                             harness_probe (ours and cuBLAS under four timing harnesses)
 #                                             compile_workers (host CPUs only, no GPU)
 #                                             (default: the first eight)
 # bench_gemm_shards (bench_epilogue_shards) runs shard SHARD_FIRST.. of SHARDS (env) of the
@@ -55,6 +56,8 @@ for s in $steps; do
     sweep) step sweep python3 benchmarks/gemm_sweep.py \
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
     epilogue_cost) step epilogue_cost python3 benchmarks/epilogue_cost.py ;;
+    harness_probe) step harness_probe python3 benchmarks/gemm_harness_probe.py \
+        --shapes 64x4096x4096,128x4096x4096,1024x1024x1024,8192x4096x4096 ;;
     compile_workers) step compile_workers python3 benchmarks/compile_workers.py --workers 2,8 ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
