@@ -36,6 +36,7 @@ if REPO not in sys.path:
 
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, ours_best, parse_shapes  # noqa: E402
+from cutedsl_inductor.bench.timing import captured  # noqa: E402
 
 _FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -56,12 +57,7 @@ def events_us(fn: Any, before: Any, calls: int = 60) -> float:
 
 def graph_us(fn: Any, calls: int = 50) -> float:
     """µs per call of ``calls`` calls of ``fn`` replayed from one CUDA graph (median of 5)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph = captured(lambda: [fn() for _ in range(calls)])
     graph.replay()
     return events_us(graph.replay, lambda: None, calls=5) / calls
 

@@ -1,5 +1,7 @@
 """The GEMM template renders and compiles (GPU-less, sm_90a) for mm, addmm and bmm."""
 
+import re
+
 import pytest
 import tvm_ffi
 import torch
@@ -138,12 +140,8 @@ def test_swap_ab_choice_renders_and_compiles(graph, op):
     assert isinstance(swapped[0].load().kernel_fn, tvm_ffi.Function)
 
 
-@pytest.mark.parametrize("alpha, multiplies", [(1.0, False), (0.5, True)])
-def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
-    """The template passes ALPHA to the kernel as a compile-time number: the PTX of an
-    mm with alpha = 1 has no fp32 multiply at all (the epilogue's only one is by alpha)."""
-    import re
-
+def _mm_ptx(graph, tmp_path, alpha: float = 1.0) -> str:
+    """The PTX of a 512x384x256 bf16 mm choice (a 128x128 cooperative tile) compiled here."""
     from cutedsl_inductor import config
     from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS
 
@@ -155,40 +153,37 @@ def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
     with config.patch(disk_cache=False, compile_options=f"--keep-ptx --dump-dir {tmp_path}"):
         choices[0].load()
     (ptx,) = tmp_path.glob("*.ptx")
-    assert bool(re.search(r"\bmul(\.rn)?\.f32\b", ptx.read_text())) == multiplies
+    return ptx.read_text()
+
+
+def _register_constants(ptx: str, operand: str) -> set[str]:
+    """The constants a 64-bit PTX register can hold, through its movs and selps."""
+    if not operand.startswith("%"):
+        return {operand}
+    ((op, args),) = re.findall(rf"\n\s*(mov|selp)\.b64\s+{operand}, ([^;]*);", ptx)
+    sources = args.split(", ")
+    return set().union(*(_register_constants(ptx, x)
+                         for x in (sources if op == "mov" else sources[:2])))
+
+
+@pytest.mark.parametrize("alpha, multiplies", [(1.0, False), (0.5, True)])
+def test_unit_alpha_costs_no_multiply(graph, tmp_path, alpha, multiplies):
+    """The template passes ALPHA to the kernel as a compile-time number: the PTX of an
+    mm with alpha = 1 has no fp32 multiply at all (the epilogue's only one is by alpha)."""
+    ptx = _mm_ptx(graph, tmp_path, alpha)
+    assert bool(re.search(r"\bmul(\.rn)?\.f32\b", ptx)) == multiplies
 
 
 def test_tma_copies_carry_l2_policies(graph, tmp_path):
     """Every TMA copy's cache-policy operand is a createpolicy encoding, not the DSL's
     default 0: the loads choose evict-first or evict-normal at run time (by how many
     clusters read each tile and the operand's size), the stores evict-normal."""
-    import re
-
-    from cutedsl_inductor import config
-    from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS
-
     first, normal = str(0x12F0000000000000), str(0x1000000000000000)
-    a = make_input(graph, "a", (512, 256), torch.bfloat16)
-    b = make_input(graph, "b", (256, 384), torch.bfloat16, stride=(1, 256))
-    choices = []
-    gemm_choices(choices, "mm", [a, b], make_layout((512, 384), torch.bfloat16),
-                 configs=[DEFAULT_CONFIGS[5]])
-    with config.patch(disk_cache=False, compile_options=f"--keep-ptx --dump-dir {tmp_path}"):
-        choices[0].load()
-    (ptx,) = tmp_path.glob("*.ptx")
-    text = ptx.read_text()
-
-    def values(operand: str) -> set[str]:
-        """The constants a 64-bit register can hold, through its movs and selps."""
-        if not operand.startswith("%"):
-            return {operand}
-        ((op, args),) = re.findall(rf"\n\s*(mov|selp)\.b64\s+{operand}, ([^;]*);", text)
-        sources = args.split(", ")
-        return set().union(*(values(x) for x in (sources if op == "mov" else sources[:2])))
-
+    ptx = _mm_ptx(graph, tmp_path)
     copies = re.findall(r"cp\.async\.bulk\.tensor\.\S*(global\.shared|shared::cta\.global)"
-                        r"\S*L2::cache_hint [^;]*, (%rd\d+);", text)
+                        r"\S*L2::cache_hint [^;]*, (%rd\d+);", ptx)
     assert {kind for kind, _ in copies} == {"global.shared", "shared::cta.global"}
     for kind, reg in copies:
         loads = kind == "shared::cta.global"
-        assert values(reg) == ({first, normal} if loads else {normal}), (kind, reg)
+        assert _register_constants(ptx, reg) == ({first, normal} if loads else {normal}), (
+            kind, reg)
