@@ -357,6 +357,13 @@ def test_pick_configs_offers_multicast_weights_where_m_spans_few_tiles():
     assert "t128x64x64_c2x1_1wg_rm" in offered[256, 4096, 14336]
 
 
+def test_pick_configs_offers_the_64x128_multicast_pair_at_1024_cubed():
+    """H200 sweep (gemm_sweep.py, bf16, nt / nn): at 1024x1024x1024 the fastest config,
+    64x128 tiles in M pairs (0.98 / 0.98 of cuBLAS), beat every config offered before
+    it (at best 0.97 / 0.96)."""
+    assert "t64x128x64_c2x1_1wg_rm" in [config_name(c) for c in pick_configs(1024, 1024, 1024)]
+
+
 def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
     """14336 / 224 = 64 N tiles fill waves that 128- and 256-wide tiles leave part empty.
     H200 sweeps (gemm_sweep.py, nt / nn, of cuBLAS): 64x224 c2x1 at 128x14336x4096 0.99 /
