@@ -95,3 +95,40 @@ def load_kernels(definitions):
                  "ScalarSpec": ScalarSpec}
     exec(compile(ast.Module(definitions, type_ignores=[]), "output_code", "exec"), namespace)
     return namespace
+
+
+def compile_residual_gemm(cfg, dump_dir=None):
+    """``Sm90Gemm`` plus a tile input: C = A @ B^T + R, R (bf16, laid out like C) loaded by
+    TMA into the store buffers (``launch(mTile=...)``); compiled GPU-less for sm_90a,
+    called as ``f(A, B, C, R)`` (bf16, the kernel's (M, K, L) / (N, K, L) / (M, N, L))."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm, make_fake_gemm_args
+
+    class ResidualGemm(Sm90Gemm):
+        @cute.jit
+        def __call__(self, mA, mB, mC, mR, stream):
+            self.launch(mA, mB, mC, None, 1, 0, stream, mTile=mR)
+
+        @cute.jit
+        def epilogue_tile_input(self, prefetched, values):
+            residual = cute.make_rmem_tensor((cute.size(values),), cutlass.Float32)
+            for i in cutlass.range(cute.size(values), unroll_full=True):
+                residual[i] = values[i].to(cutlass.Float32)
+            return residual
+
+        @cute.jit
+        def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
+                        epi_args, prefetched):
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                acc[i] = acc[i] + prefetched[i]
+
+    a, b, c, _ = make_fake_gemm_args("bf16", "bf16", "k", "k")
+    residual = make_fake_tensor(cutlass.BFloat16, c.shape, c.stride, assumed_align=16)
+    return cute.compile(ResidualGemm(**cfg), a, b, c, residual,
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options="--enable-tvm-ffi"
+                        + (f" --keep-ptx --dump-dir {dump_dir}" if dump_dir else ""))

@@ -47,6 +47,7 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.virtualized import V
 
+from ..compile.specs import is_aligned
 from .defines import cutlass_dtype_name
 from .pointwise import translate_pointwise
 
@@ -55,13 +56,15 @@ class RegisterLoad(NamedTuple):
     """One element of extra input ``extras[extra]``, at storage index ``index`` (text);
     ``next_index`` is that of the element one step on along the last coordinate, and
     ``contiguous`` says that it is ``index + 1`` and that ``index`` is even whenever the
-    last coordinate is (so one aligned vector load reads both)."""
+    last coordinate is (so one aligned vector load reads both); ``at_output``: the
+    index is the template output's own storage index of the element."""
 
     extra: int
     index: str
     dtype: torch.dtype
     next_index: str
     contiguous: bool
+    at_output: bool
 
     @property
     def expr(self) -> str:
@@ -77,15 +80,23 @@ class EpiloguePlan:
     fused_names: list[str]  # template and consumer buffers replaced by ``output``
     # the load phase, one register fragment ``loaded[j]`` per entry
     register_loads: list[RegisterLoad] = dataclasses.field(default_factory=list)
+    # j of a register load that reads an input laid out like the fused output (same
+    # storage index, same 16-bit dtype, 16-byte aligned: a residual), or None; a template
+    # may load it a tile at a time (the GEMM: by TMA) and fill ``loaded[j]`` itself
+    tile_input: int | None = None
 
-    def function_source(self, name: str, rank: int) -> str:
-        """The five functions of the module docstring, ``name`` being the one-call form."""
+    def function_source(self, name: str, rank: int, tile_input: bool = False) -> str:
+        """The five functions of the module docstring, ``name`` being the one-call form;
+        with ``tile_input`` the pair loads leave out ``self.tile_input`` (the template
+        fills that fragment)."""
         coords = ", ".join(coordinate_names(rank))
         fragments = "".join(f"cute.make_rmem_tensor((count,), {cutlass_dtype_name(r.dtype)}), "
                             for r in self.register_loads)
         loads = [f"loaded[{j}][i] = {r.expr}" for j, r in enumerate(self.register_loads)]
         pairs = []
         for j, r in enumerate(self.register_loads):
+            if tile_input and j == self.tile_input:
+                continue
             if r.contiguous:
                 pairs += [f"pair{j} = cute.make_tensor(extras[{r.extra}].iterator + cute.assume("
                           f"{r.index}, divby=2), cute.make_layout(2)).load()",
@@ -142,10 +153,16 @@ def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
     if consumers and loads.values[consumers[-1].get_name()][1] != torch.float32:
         lines.append(f"epilogue_result = {result}.to(cutlass.Float32)")
         result = "epilogue_result"
+    tile_input = next((
+        j for j, r in enumerate(loads.register_loads)
+        if consumers and r.at_output and r.dtype == consumers[-1].get_dtype()
+        and r.dtype.itemsize == 2 and is_aligned(V.graph.get_buffer(loads.extra_buffers[r.extra]))
+    ), None)
     return EpiloguePlan(
         lines=lines, result=result, extra_buffers=loads.extra_buffers,
         register_loads=loads.register_loads, output=consumers[-1] if consumers else None,
         fused_names=[template_buffer.get_name()] + [c.get_name() for c in consumers[:-1]],
+        tile_input=tile_input,
     )
 
 
@@ -164,6 +181,7 @@ class EpilogueLoads:
         self.extra_buffers: list[str] = []
         self.register_loads: list[RegisterLoad] = []
         self.produced(template_buffer, "value", torch.float32)
+        self.output_position = self.positions[template_buffer.get_name()]
 
     def produced(self, buffer: Any, expr: str, dtype: torch.dtype) -> None:
         self.values[buffer.get_name()] = (expr, dtype)
@@ -185,13 +203,15 @@ class EpilogueLoads:
         contiguous = (sympy.expand(next_index - index) == 1 and all(
             coefficient.is_integer and coefficient % 2 == 0
             for coefficient in sympy.expand(index - last).as_coefficients_dict().values()))
+        at_output = sympy.simplify(index - self.output_position) == 0
         numel = V.graph.get_buffer(name).get_layout().storage_size()
         if not V.graph.sizevars.statically_known_lt(numel, 2**31):
             wide = {c: sympy.Symbol(f"cutlass.Int64({c})") for c in self.coords}
             index, next_index = index.subs(wide), next_index.subs(wide)
         printer = PythonPrinter()
         read = RegisterLoad(self.extra_buffers.index(name), printer.doprint(index),
-                            V.graph.get_dtype(name), printer.doprint(next_index), contiguous)
+                            V.graph.get_dtype(name), printer.doprint(next_index), contiguous,
+                            at_output)
         if read.dtype not in REGISTER_DTYPES:
             return read.expr, read.dtype
         if read not in self.register_loads:

@@ -21,6 +21,10 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 the fused pointwise epilogue (identity when none); also
                                 its load and apply phases (see ``template/epilogue.py``)
   ``{{epilogue_inputs()}}``     the ``extras`` tuple to pass it, built in the entry
+  ``{{epilogue_tile_input()}}`` the entry's name for the epilogue input laid out like the
+                                output (``tile_input_index``: its ``loaded`` fragment, or
+                                None); ``{{def_epilogue(tile_input=True)}}`` then leaves
+                                its loads out of the pair loads: the template fills it
 
 Invariants: rendering is pure (no global counters); the same template, parameters and
 input layouts give the same text. ``def_kernel`` is a placeholder filled in by
@@ -134,10 +138,18 @@ class CuteDSLTemplateKernel(Kernel):
             raise ValueError("get_output() must come after def_kernel()")
         return self.args.output_buffers[name]
 
-    def def_epilogue(self) -> str:
+    def def_epilogue(self, tile_input: bool = False) -> str:
         """The ``<kernel_name>_epilogue(value, c0, .., extras)`` function (identity when
         nothing is fused); see ``template/epilogue.py``."""
-        return self.epilogue.function_source(f"{self.kernel_name}_epilogue", self.output_rank)
+        return self.epilogue.function_source(f"{self.kernel_name}_epilogue", self.output_rank,
+                                             tile_input)
+
+    def epilogue_tile_input(self) -> str:
+        """The entry's name for the epilogue's tile input (``EpiloguePlan.tile_input``)."""
+        if self.epilogue.tile_input is None:
+            raise ValueError("this epilogue has no tile input")
+        load = self.epilogue.register_loads[self.epilogue.tile_input]
+        return self.args.input(self.epilogue.extra_buffers[load.extra])
 
     def epilogue_inputs(self) -> str:
         """The tuple of flat views of the epilogue's extra inputs, for the entry's body."""
@@ -170,6 +182,8 @@ class CuteDSLTemplateKernel(Kernel):
             def_kernel=self.def_kernel,
             def_epilogue=self.def_epilogue,
             epilogue_inputs=self.epilogue_inputs,
+            epilogue_tile_input=self.epilogue_tile_input,
+            tile_input_index=self.epilogue.tile_input,
             has_epilogue=self.epilogue.output is not None,
             output_rank=self.output_rank,
             gen_defines=self.gen_defines,

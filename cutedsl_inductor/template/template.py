@@ -62,7 +62,7 @@ class CuteDSLTemplate:
         self.source = source
         self.symbolic_shapes = symbolic_shapes
         # a template that defines the epilogue hook accepts fused pointwise consumers
-        self.supports_epilogue = "def_epilogue()" in source
+        self.supports_epilogue = "def_epilogue(" in source
         try:
             self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(source)
         except jinja2.TemplateSyntaxError as err:

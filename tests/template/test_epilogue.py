@@ -114,6 +114,47 @@ def test_gelu_with_bias_fuses_into_the_gemm(graph):
     assert "_Gemm(Sm90Gemm)" in source
 
 
+def gemm_output(graph):
+    x = make_input(graph, "x", (256, 128), torch.bfloat16)
+    w_t = make_input(graph, "w", (128, 384), torch.bfloat16, stride=(1, 128))
+    choices = []
+    gemm_choices(choices, "mm", [x, w_t], make_layout((256, 384), torch.bfloat16))
+    out = choices[0].output_node()
+    return choices[0], out, realized(out)
+
+
+def test_a_residual_laid_out_like_the_output_is_a_gemm_tile_input(graph):
+    """relu(x @ w + b) * 0.5 + residual: the residual, read at the output's own index in
+    the output's dtype, comes by TMA into the GEMM's store buffers (``mTile``), its
+    register loads left out of the pair loads; the bias stays a register load."""
+    choice, out, template_buffer = gemm_output(graph)
+    residual = make_input(graph, "residual", (256, 384), torch.bfloat16)
+    bias = make_input(graph, "bias", (384,), torch.bfloat16)
+    add, mul = lowerings[aten.add.Tensor], lowerings[aten.mul.Tensor]
+    relu = lowerings[aten.relu.default](add(out, bias))
+    block = realized(add(mul(relu, 0.5), residual))
+    plan, source = compile_fused(choice, template_buffer, [block])
+    tile = plan.register_loads[plan.tile_input]
+    assert plan.extra_buffers[tile.extra] == "residual"
+    assert "mTile=as_mnl(" in source and "def epilogue_tile_input" in source
+    pair_loads = source.split("_load_pair(")[1].split("@cute.jit")[0]
+    assert f"loaded[{plan.tile_input}]" not in pair_loads
+    assert "loaded[" in pair_loads  # the bias's
+
+
+@pytest.mark.parametrize("case", ["transposed", "float32"])
+def test_other_residuals_stay_register_loads(graph, case):
+    choice, out, template_buffer = gemm_output(graph)
+    if case == "transposed":
+        residual = lowerings[aten.permute.default](
+            make_input(graph, "residual", (384, 256), torch.bfloat16), [1, 0])
+    else:
+        residual = make_input(graph, "residual", (256, 384), torch.float32)
+    block = realized(lowerings[aten.add.Tensor](out, residual))
+    plan, source = compile_fused(choice, template_buffer, [block])
+    assert plan.tile_input is None and "mTile=" not in source
+
+
 @pytest.mark.parametrize("case", ["transposed read", "other shape", "bool output"])
 def test_unfusable_consumers_are_refused(graph, case):
     choice, out, template_buffer = add_output(graph, shape=(64, 64))

@@ -107,6 +107,14 @@ Design
   ``store="tma"`` requires ``N * sizeof(C) % 16 == 0`` (declared in the
   compiled signature, so other N are rejected at call time) and
   ``store="direct"`` serves any N.
+* Tile input (``launch(mTile=...)``: an epilogue input laid out like C, e.g. a
+  residual): the store warp TMA-loads its sub-tiles into the store buffers, up to
+  ``epi_stages - 1`` sub-tiles ahead of the one being stored (across tile boundaries),
+  each into the buffer of the store before, once that store has been read
+  (``cp.async.bulk.wait_group.read``), completing on that buffer's mbarrier; the
+  consumers read it with ldmatrix in the layout stmatrix then overwrites
+  (:meth:`Sm90Gemm.epilogue_tile_input`).  Unlike loads into registers, these are not
+  held by each sub-tile's proxy fence (MEMBAR.ALL.CTA).
 * Split-K (``split_k`` > 1, for small M whose output tiles cannot fill the
   SMs): each of a cluster's ``cluster_m x cluster_n`` output tiles is owned
   by ``split_k`` CTAs of the cluster (``cluster_m * cluster_n * split_k`` <=
@@ -625,12 +633,15 @@ class Sm90Gemm:
 
     @cute.jit
     def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None, mA_up=None,
-               mB_up=None):
+               mB_up=None, mTile=None):
         """Trace-time body of ``__call__``.  A fusing subclass defines its own
         ``__call__`` with extra tensor arguments and forwards them here as
         ``epi_args`` (any pytree of tensors/scalars); they reach
         :meth:`epilogue_op` unchanged.  ``mA_up`` / ``mB_up``: the second weight, with
-        ``swiglu="a"`` / ``"b"`` (same shape and layout as ``mA`` / ``mB``; only then)."""
+        ``swiglu="a"`` / ``"b"`` (same shape and layout as ``mA`` / ``mB``; only then).
+        ``mTile``: an epilogue input laid out like C (same shape, dtype and strides; a
+        residual), loaded by TMA into the store buffers ahead of each sub-tile and handed
+        to :meth:`epilogue_tile_input` (16-bit C, ``store="tma"``, no split-K)."""
         given = ("a" if mA_up is not None else "") + ("b" if mB_up is not None else "")
         if cutlass.const_expr(given != self.swiglu):
             raise ValueError(f"Sm90Gemm: swiglu={self.swiglu!r} was given the second "
@@ -673,6 +684,17 @@ class Sm90Gemm:
             tma_c, tC = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mC,
                 cute.slice_(self.sC_layout, (None, None, 0)), self.epi_tile)
+        self.tile_input = mTile is not None
+        tma_t, tT = None, None
+        if cutlass.const_expr(self.tile_input):
+            if cutlass.const_expr(self.store != "tma" or self.split_k > 1
+                                  or mTile.element_type != mC.element_type
+                                  or mC.element_type.width != 16):
+                raise ValueError("Sm90Gemm: a tile input needs store='tma', no split-K and "
+                                 "a 16-bit C of its own dtype")
+            tma_t, tT = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), mTile,
+                cute.slice_(self.sC_layout, (None, None, 0)), self.epi_tile)
 
         prob_m = cute.size(mC, mode=[0])
         prob_n = cute.size(mC, mode=[1])
@@ -686,6 +708,7 @@ class Sm90Gemm:
 
         stages = self.stages
         c_smem_elems = cute.cosize(self.sC_layout) if self.store == "tma" else 8
+        epi_buffers = cute.size(self.sC_layout, mode=[2]) if self.store == "tma" else 1
         reduce_elems = max(self._reduce_bytes(tm, tn, self.split_k) // 4, 4)
 
         @cute.struct
@@ -693,6 +716,8 @@ class Sm90Gemm:
             ring_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             # split-K: "the peers' partials are ready", "the peers have read mine"
             reduce_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            # tile input: "store buffer b holds its sub-tile" (one per buffer)
+            tile_bars: cute.struct.MemRange[cutlass.Int64, epi_buffers]
             smem_a: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.sA_layout)], 1024]
             smem_b: cute.struct.Align[
@@ -705,8 +730,8 @@ class Sm90Gemm:
         self.smem_struct = GemmSmem
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_up, t_up, tma_c, tC, mBias, alpha, beta, epi_args,
-            self.tiled_mma,
+            tma_a, tA, tma_b, tB, tma_up, t_up, tma_c, tC, tma_t, tT, mBias, alpha, beta,
+            epi_args, self.tiled_mma,
             self.cluster_layout(),
             self.sA_layout, self.sB_layout, self.sC_layout,
             prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
@@ -866,6 +891,28 @@ class Sm90Gemm:
         return cute.make_tensor(piece.iterator, cute.composition(
             piece.layout, cute.make_layout(shape)))
 
+    @cute.jit
+    def load_tile_input(self, tma_t, gT, sC, tile_bars, tile, sub, buf, subs_n):
+        """TMA load of sub-tile ``sub`` of the tile input's ``tile`` (m, n, l) into store
+        buffer ``buf``, completing on that buffer's mbarrier (called by the store warp)."""
+        m_t, n_t, l_t = tile
+        sT, gT_subs = cpasync.tma_partition(
+            tma_t, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
+            cute.zipped_divide(gT[(None, None, m_t, n_t, l_t)], self.epi_tile))
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                tile_bars + buf, self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8)
+        cute.copy(tma_t, gT_subs[(None, (sub // subs_n, sub % subs_n))], sT[(None, buf)],
+                  tma_bar_ptr=tile_bars + buf)
+
+    @cute.jit
+    def epilogue_tile_input(self, prefetched, values):
+        """Fusion hook with a tile input (``launch(mTile=...)``): ``values`` holds the
+        tile input at the coordinates of the sub-tile's fragment, value for value (its
+        dtype, C's); return what :meth:`epilogue_op` gets as ``prefetched``, which
+        :meth:`epilogue_prefetch` returned.  Default: ``prefetched``."""
+        return prefetched
+
     # ------------------------------------------------------ ping-pong handoffs
     # Named barriers 3 and 4 (of 256 threads) order the two consumer
     # warpgroups' mainloops in tile order: warpgroup w waits on barrier 3 + w
@@ -904,6 +951,8 @@ class Sm90Gemm:
         t_up: Optional[cute.Tensor],
         tma_c: Optional[cute.CopyAtom],
         tC: cute.Tensor,
+        tma_t: Optional[cute.CopyAtom],
+        tT: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
@@ -932,6 +981,8 @@ class Sm90Gemm:
                 cpasync.prefetch_descriptor(tma_up)
             if cutlass.const_expr(self.store == "tma"):
                 cpasync.prefetch_descriptor(tma_c)
+            if cutlass.const_expr(self.tile_input):
+                cpasync.prefetch_descriptor(tma_t)
 
         split = self.split_k
         # (m, n, k) of this CTA in the cluster: its multicast coordinates and split rank.
@@ -968,6 +1019,13 @@ class Sm90Gemm:
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_init(reduce_ready, (split - 1) * num_consumer_warps)
                     cute.arch.mbarrier_init(reduce_free, (split - 1) * num_consumer_warps)
+        tile_bars = smem.tile_bars.data_ptr()
+        if cutlass.const_expr(self.tile_input):
+            # Fenced by the pipeline creation below, as the split-K barriers.
+            if warp == 0:
+                with cute.arch.elect_one():
+                    for b in cutlass.range_constexpr(cute.size(sC_layout, mode=[2])):
+                        cute.arch.mbarrier_init(tile_bars + b, 1)
 
         stage_bytes = self.a_tiles * cute.size_in_bytes(
             self.a_dtype, cute.slice_(sA_layout, (None, None, 0))
@@ -1133,6 +1191,19 @@ class Sm90Gemm:
                     producer_group=pipeline.CooperativeGroup(
                         pipeline.Agent.Thread, self.tile_threads),
                 )
+                # Tile input: sub-tiles loaded ahead of the one being stored (at most a
+                # tile's worth, so that a load reaches at most the next tile).
+                ahead = min(self.epi_stages - 1, num_subs)
+                if cutlass.const_expr(self.tile_input):
+                    # The tile input's sub-tile, read (ldmatrix) from the store buffer its
+                    # TMA load filled, into the layout of sub_out: value for value.
+                    s2r = cute.make_tiled_copy_S(
+                        cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4),
+                                            self.c_dtype),
+                        cute.make_tiled_copy_C_atom(stm_atom, tiled_mma))
+                    tSR_sC = s2r.get_slice(ctid).partition_S(sC)
+                    tile_vals = cute.make_rmem_tensor(sub_shape, self.c_dtype)
+                    gT = cute.local_tile(tT, (tm, tn), (None, None, None))
             else:
                 # Direct store: the epilogue runs on copies of 16-element chunks.
                 chunk = cute.make_rmem_tensor((unit,), self.acc_dtype)
@@ -1151,6 +1222,15 @@ class Sm90Gemm:
                 linear = linear_start + pp_wg * n_persistent
                 walk_stride = 2 * n_persistent
                 self.pingpong_skip_stages(read_state, free_state, k_tiles * pp_wg)
+            if cutlass.const_expr(self.tile_input):
+                # The first tile's first sub-tiles of the tile input (buffers still unused).
+                if warp == store_warp:
+                    if linear < total_clusters:
+                        first = self.tile_of(linear, clusters_m, clusters_n, cta_crd[0],
+                                             cta_crd[1])
+                        for s in cutlass.range_constexpr(ahead):
+                            self.load_tile_input(tma_t, gT, sC, tile_bars, first, s,
+                                                 s + pp_wg * self.epi_stages, subs_n)
             while linear < total_clusters:
                 m_t, n_t, l_t = self.tile_of(
                     linear, clusters_m, clusters_n, cta_crd[0], cta_crd[1])
@@ -1281,17 +1361,27 @@ class Sm90Gemm:
                             if cutlass.const_expr(split > 1):
                                 sub_inputs = self.epilogue_prefetch(
                                     sub_coords, l_t, prob_m, prob_n, mBias, epi_args)
+                            # This CTA's (s // split)-th store of the tile: consecutive
+                            # stores rotate through the smem buffers.
+                            stored = tiles_done * subs_per_cta + s // split
+                            buf = stored % self.epi_stages
+                            if cutlass.const_expr(self.pingpong):
+                                buf += pp_wg * self.epi_stages
+                            if cutlass.const_expr(self.tile_input):
+                                # The tile input's sub-tile sits in the buffer this sub-tile
+                                # is stored from: each thread reads, then overwrites, the
+                                # same smem elements (ldmatrix / stmatrix of one layout).
+                                cute.arch.mbarrier_wait(tile_bars + buf,
+                                                        (stored // self.epi_stages) % 2)
+                                cute.copy(s2r, tSR_sC[(None, None, None, buf)],
+                                          s2r.retile(tile_vals))
+                                sub_inputs = self.epilogue_tile_input(sub_inputs, tile_vals)
                             for v in cutlass.range_constexpr(sub_size):
                                 sub_f32[v] = self.accumulated(tRS_acc, tRS_acc_up,
                                                               s * sub_size + v, released)
                             self.epilogue_op(sub_f32, sub_coords, l_t, prob_m, prob_n, mBias,
                                              alpha, beta, epi_args, sub_inputs)
                             sub_out.store(sub_f32.load().to(self.c_dtype))
-                            # This CTA's (s // split)-th store of the tile: consecutive
-                            # stores rotate through the smem buffers.
-                            buf = (tiles_done * subs_per_cta + s // split) % self.epi_stages
-                            if cutlass.const_expr(self.pingpong):
-                                buf += pp_wg * self.epi_stages
                             cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buf)])
                             cute.arch.fence_proxy("async.shared", space="cta")
                             epi_bar.arrive_and_wait()
@@ -1301,6 +1391,27 @@ class Sm90Gemm:
                                           cache_policy=cutlass.Int64(_EVICT_NORMAL))
                                 store_pipe.producer_commit()
                                 store_pipe.producer_acquire()
+                                if cutlass.const_expr(self.tile_input):
+                                    # Into the buffer of store stored + ahead -
+                                    # epi_stages (the one before this store where ahead
+                                    # is epi_stages - 1), once the TMA has read it.
+                                    cute.arch.cp_async_bulk_wait_group(
+                                        self.epi_stages - ahead, read=True)
+                                    buf_ahead = ((stored + ahead) % self.epi_stages
+                                                 + pp_wg * self.epi_stages)
+                                    if cutlass.const_expr(s + ahead < num_subs):
+                                        self.load_tile_input(
+                                            tma_t, gT, sC, tile_bars, (m_t, n_t, l_t),
+                                            s + ahead, buf_ahead, subs_n)
+                                    else:
+                                        # the first sub-tiles of this warpgroup's next tile
+                                        if linear + walk_stride < total_clusters:
+                                            self.load_tile_input(
+                                                tma_t, gT, sC, tile_bars,
+                                                self.tile_of(linear + walk_stride, clusters_m,
+                                                             clusters_n, cta_crd[0],
+                                                             cta_crd[1]),
+                                                s + ahead - num_subs, buf_ahead, subs_n)
                             epi_bar.arrive_and_wait()
 
                 else:

@@ -54,10 +54,15 @@ from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl
 {%- set row, col = "min(mn[0], prob_m - 1)", "min(mn[1], prob_n - 1)" %}
 {%- endif %}
 
+{#- An epilogue input laid out like the output (a residual) comes by TMA into the store
+    buffers, a sub-tile at a time, where the TMA store runs. #}
+{%- set tile_input = has_epilogue and tile_input_index is not none and STORE == "tma"
+    and SPLIT_K is not defined %}
+
 {{gen_defines()}}
 {%- if has_epilogue %}
 
-{{def_epilogue()}}
+{{def_epilogue(tile_input=tile_input)}}
 
 class {{kernel_name}}_Gemm(Sm90Gemm):
     # Tail-tile values are computed at the nearest valid coordinate (their loads stay in
@@ -92,6 +97,14 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
             acc[i] = {{kernel_name}}_epilogue_apply(
                 acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}
                 {{row}}, {{col}}, epi_args)
+{%- if tile_input %}
+
+    @cute.jit
+    def epilogue_tile_input(self, prefetched, values):
+        for i in cutlass.range(cute.size(values), unroll_full=True):
+            prefetched[1][{{tile_input_index}}][i] = values[i]
+        return prefetched
+{%- endif %}
 {%- endif %}
 
 @cute.jit
@@ -109,6 +122,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 ALPHA, BETA, stream,
                 {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
+                {%- if tile_input %} mTile={{view_c}}({{epilogue_tile_input()}}),{% endif %}
                 {%- if SWIGLU is defined %} {{up_weight}},{% endif %})
 {%- else %}
     gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,

@@ -19,6 +19,12 @@ from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
 )
 
 PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
+TILE_INPUT_CONFIGS = {
+    "coop_128x256_c2x1": dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cooperative=True),
+    "pp_128x128_c2x1": dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cooperative=False,
+                            pingpong=True),
+    "1wg_64x64": dict(tile_m=64, tile_n=64, tile_k=64, cooperative=False, raster="n"),
+}
 
 
 @pytest.mark.parametrize("cfg", DEFAULT_CONFIGS + _EXTRA_CONFIGS,
@@ -600,3 +606,34 @@ def test_swiglu_needs_its_second_weight():
         cute.compile(Sm90Gemm(swiglu="b"), a, b, c, None, cutlass.Float32(1.0),
                      cutlass.Float32(0.0), make_fake_stream(use_tvm_ffi_env_stream=True),
                      options="--enable-tvm-ffi")
+
+
+@pytest.mark.parametrize("name", list(TILE_INPUT_CONFIGS))
+def test_a_tile_input_compiles_and_is_loaded_by_tma(name, tmp_path):
+    """C = A @ B^T + R with R loaded by TMA into the store buffers (``mTile``): ldmatrix
+    reads it, no global load of the epilogue reads it (one 64x64 tile: 2 sub-tiles, fewer
+    than the 3 loaded ahead)."""
+    from tests.helpers import compile_residual_gemm
+
+    fn = compile_residual_gemm(TILE_INPUT_CONFIGS[name], dump_dir=str(tmp_path))
+    assert callable(fn)
+    ptx = next(tmp_path.glob("*.ptx")).read_text()
+    assert "ldmatrix.sync.aligned" in ptx and "ld.global" not in ptx
+
+
+def test_a_tile_input_needs_a_16_bit_c():
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+
+    class Fp32Residual(Sm90Gemm):
+        @cute.jit
+        def __call__(self, mA, mB, mC, mR, stream):
+            self.launch(mA, mB, mC, None, 1, 0, stream, mTile=mR)
+
+    a, b, c, _ = make_fake_gemm_args("bf16", "fp32", "k", "k")
+    residual = make_fake_tensor(cutlass.Float32, c.shape, c.stride, assumed_align=16)
+    with pytest.raises(ValueError, match="tile input needs"):
+        cute.compile(Fp32Residual(**TILE_INPUT_CONFIGS["coop_128x256_c2x1"]), a, b, c,
+                     residual, make_fake_stream(use_tvm_ffi_env_stream=True))
