@@ -153,9 +153,13 @@ def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
     if consumers and loads.values[consumers[-1].get_name()][1] != torch.float32:
         lines.append(f"epilogue_result = {result}.to(cutlass.Float32)")
         result = "epilogue_result"
+    # at_output compares with the template buffer's index; the tile input must be laid
+    # out like the fused output, which the template stores
+    output_like_template = bool(consumers) and sympy.simplify(
+        _position(consumers[-1], loads.coords) - loads.output_position) == 0
     tile_input = next((
         j for j, r in enumerate(loads.register_loads)
-        if consumers and r.at_output and r.dtype == consumers[-1].get_dtype()
+        if output_like_template and r.at_output and r.dtype == consumers[-1].get_dtype()
         and r.dtype.itemsize == 2 and is_aligned(V.graph.get_buffer(loads.extra_buffers[r.extra]))
     ), None)
     return EpiloguePlan(
