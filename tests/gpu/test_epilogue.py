@@ -212,17 +212,23 @@ SWIGLU_CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("weights", ["nk", "kn"])
 @pytest.mark.parametrize("cfg", SWIGLU_CONFIGS, ids=lambda c: "{tile_m}x{tile_n}".format(**c)
                          + ("_pp" if c.get("pingpong") else "_coop" if c["cooperative"]
                             else "_1wg") + ("_swap" if c.get("swap_ab") else ""))
-def test_each_kind_of_swiglu_kernel_matches_eager(cfg, monkeypatch):
+def test_each_kind_of_swiglu_kernel_matches_eager(cfg, weights, monkeypatch):
     """One config at a time, the only choice (the ATen fallback filtered out): M, N and K
-    tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled."""
+    tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled;
+    weights (N, K) as nn.Linear stores them, or (K, N) (``x @ w``): the two layouts in
+    which a stage's two weight tiles form one tile twice as wide (one WGMMA)."""
     from cutedsl_inductor.templates.gemm import template
 
     monkeypatch.setattr(template, "swiglu_configs", lambda *args, **kwargs: [cfg])
     x, w1, w3 = randn(1000, 712), randn(1048, 712), randn(1048, 712)
     fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    if weights == "kn":
+        w1, w3 = w1.t().contiguous(), w3.t().contiguous()
+        fn = lambda x, w1, w3: F.silu(x @ w1) * (x @ w3)  # noqa: E731
     with torch._inductor.config.patch({"test_configs.autotune_choice_desc_regex": "SWIGLU"}):
         result, code = compiled_with_fusion(fn, x, w1, w3)
     assert "'SWIGLU':" in code

@@ -14,7 +14,11 @@ there are two weights, B (the gate) and B_up, of one shape and layout, and no bi
 the SwiGLU of an LLM MLP in one kernel: each stage loads A's tile once and both
 weights' tiles, each warpgroup keeps one accumulator per weight (same layout, so value
 i of one pairs with value i of the other), and the epilogue combines them before the
-fusion hook sees the value.  ``swiglu="a"`` is the same with the two weights in A's
+fusion hook sees the value.  Where the two weight tiles of a stage, side by side in
+smem, make one tile twice as wide (a K-major weight whose K tile is at most 64, an
+N-major one at least 64 wide; at most 256 together), one WGMMA of that width computes
+both accumulators, as the two halves of one, and A's tile is read once per k-block
+instead of twice.  ``swiglu="a"`` is the same with the two weights in A's
 place (``silu(A @ B^T) * (A_up @ B^T)``): the swap-AB form, C^T = W X^T, for small M.
 
 Tensor convention (all three are rank-3 CuTe tensors, batch mode last):
@@ -602,15 +606,43 @@ class Sm90Gemm:
         )
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         # With swiglu the up projection's tile of ring stage s sits in its operand's
-        # slot stages + s: one buffer, every slot at the swizzle's alignment.
+        # slot stages + s: one buffer, every slot at the swizzle's alignment.  Where the
+        # two weight tiles of a stage, put side by side (slots 2s and 2s + 1), are the
+        # smem layout of one tile twice as wide (``_wide_up_tile``), that is where they
+        # go instead, and one WGMMA of that width computes both accumulators.
+        self.wide_up = self.swiglu == "b" and self._wide_up_tile(b_layout, b_dtype)
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype,
                                                        self.stages * self.a_tiles)
         self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, tile_mnk, b_dtype,
                                                        self.stages * self.b_tiles)
+        self.tiled_mma_up = self.tiled_mma
+        self.sB_up_layout = self.sB_layout
+        if self.wide_up:
+            self.tiled_mma_up = sm90_utils.make_trivial_tiled_mma(
+                a_dtype, b_dtype, a_layout.sm90_mma_major_mode(),
+                b_layout.sm90_mma_major_mode(), self.acc_dtype, self.mma_atom_layout,
+                tiler_mn=(64, 2 * self.tile_n),
+            )
+            self.sB_up_layout = sm90_utils.make_smem_layout_b(
+                b_layout, (self.tile_m, 2 * self.tile_n, self.tile_k), b_dtype, self.stages)
         # Ping-pong: each consumer warpgroup has its own epi_stages buffers.
         epi_groups = self.num_consumer_wgs // self.tile_wgs
         self.sC_layout = sm90_utils.make_smem_layout_epi(
             c_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, self.epi_stages * epi_groups)
+
+    def _wide_up_tile(self, b_layout: Any, b_dtype: Any) -> bool:
+        """Whether two (tile_n, tile_k) weight tiles in consecutive slots of the B
+        layout are, element for element, one (2 tile_n, tile_k) tile of the same kind of
+        layout, which one WGMMA of N = 2 tile_n (at most 256) can read.  K-major: the
+        swizzle atom spans the whole tile_k (atoms tile N first, so a slot is tile_n
+        rows in a row).  N-major: atoms tile K first, so a slot is whole 64-element
+        column blocks; tile_n must fill the 128-byte swizzle atom at both widths."""
+        row_bytes = b_dtype.width // 8
+        if 2 * self.tile_n > 256:
+            return False
+        if b_layout.is_k_major_b():
+            return self.tile_k * row_bytes <= 128
+        return self.tile_n * row_bytes % 128 == 0
 
     # ------------------------------------------------------------- host entry
     @cute.jit
@@ -731,9 +763,9 @@ class Sm90Gemm:
 
         self.kernel(
             tma_a, tA, tma_b, tB, tma_up, t_up, tma_c, tC, tma_t, tT, mBias, alpha, beta,
-            epi_args, self.tiled_mma,
+            epi_args, self.tiled_mma, self.tiled_mma_up,
             self.cluster_layout(),
-            self.sA_layout, self.sB_layout, self.sC_layout,
+            self.sA_layout, self.sB_layout, self.sB_up_layout, self.sC_layout,
             prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
         ).launch(
             # With split-K the cluster's x extent also holds the K split.
@@ -958,9 +990,11 @@ class Sm90Gemm:
         beta: cutlass.Float32,
         epi_args,
         tiled_mma: cute.TiledMma,
+        tiled_mma_up: cute.TiledMma,
         cluster_layout: cute.Layout,
         sA_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
+        sB_up_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
         prob_m: cutlass.Int32,
         prob_n: cutlass.Int32,
@@ -1101,17 +1135,22 @@ class Sm90Gemm:
                         ring.producer_acquire(prod_state)
                         bar = ring.producer_get_barrier(prod_state)
                         k_idx = k_begin + kt
+                        # the B slots of this stage (see _setup)
+                        slot_b = prod_state.index
+                        slot_up = self.stages + prod_state.index
+                        if cutlass.const_expr(self.wide_up):
+                            slot_b = 2 * prod_state.index
+                            slot_up = 2 * prod_state.index + 1
                         cute.copy(tma_a, src_a[(None, k_idx)], tAsA[(None, prod_state.index)],
                                   tma_bar_ptr=bar, mcast_mask=mask_a, cache_policy=policy_a)
-                        cute.copy(tma_b, src_b[(None, k_idx)], tBsB[(None, prod_state.index)],
+                        cute.copy(tma_b, src_b[(None, k_idx)], tBsB[(None, slot_b)],
                                   tma_bar_ptr=bar, mcast_mask=mask_b, cache_policy=policy_b)
                         if cutlass.const_expr(self.swiglu == "a"):
                             cute.copy(tma_up, src_up[(None, k_idx)],
                                       tAsA[(None, self.stages + prod_state.index)],
                                       tma_bar_ptr=bar, mcast_mask=mask_a, cache_policy=policy_a)
                         if cutlass.const_expr(self.swiglu == "b"):
-                            cute.copy(tma_up, src_up[(None, k_idx)],
-                                      tBsB[(None, self.stages + prod_state.index)],
+                            cute.copy(tma_up, src_up[(None, k_idx)], tBsB[(None, slot_up)],
                                       tma_bar_ptr=bar, mcast_mask=mask_b, cache_policy=policy_b)
                         ring.producer_commit(prod_state)
                         prod_state.advance()
@@ -1136,12 +1175,28 @@ class Sm90Gemm:
             tCsB = wg_mma.partition_B(sB)
             tCrA = tiled_mma.make_fragment_A(tCsA)
             tCrB = tiled_mma.make_fragment_B(tCsB)
-            acc = cute.make_rmem_tensor(
-                tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
-            acc_up = None
-            if cutlass.const_expr(self.swiglu != ""):
-                acc_up = cute.make_rmem_tensor(
-                    tiled_mma.partition_shape_C((tm, tn)), self.acc_dtype)
+            acc_shape = tiled_mma.partition_shape_C((tm, tn))
+            if cutlass.const_expr(self.wide_up):
+                # One accumulator (tm, 2 tn): the gate's columns, then the up
+                # projection's; acc and acc_up are its two halves, value for value in the
+                # layout of a (tm, tn) accumulator (value mode (2, 2, columns / 8)).
+                wg_mma_up = tiled_mma_up.get_slice((wg - 1) * _THREADS_PER_WG)
+                if cutlass.const_expr(self.pingpong):
+                    wg_mma_up = tiled_mma_up.get_slice(0)
+                sB_up = smem.smem_b.get_tensor(sB_up_layout.outer, swizzle=sB_up_layout.inner)
+                tCrA_up = tiled_mma_up.make_fragment_A(wg_mma_up.partition_A(sA))
+                tCrB_up = tiled_mma_up.make_fragment_B(wg_mma_up.partition_B(sB_up))
+                acc_both = cute.make_rmem_tensor(
+                    tiled_mma_up.partition_shape_C((tm, 2 * tn)), self.acc_dtype)
+                half = cute.make_layout(
+                    acc_shape, stride=((1, 2, 4), tn, tn * cute.size(acc_shape, mode=[1])))
+                acc = cute.make_tensor(acc_both.iterator, half)
+                acc_up = cute.make_tensor(acc_both.iterator + tn // 2, half)
+            else:
+                acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+                acc_up = None
+                if cutlass.const_expr(self.swiglu != ""):
+                    acc_up = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
             unit = self.epi_unit
             num_units = cute.size(acc) // unit
@@ -1246,6 +1301,8 @@ class Sm90Gemm:
                 # are some) instead of zeroing instructions between two tiles' mainloops.
                 # A split-K rank's K range may be empty: it zeroes them instead.
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, split > 1)
+                if cutlass.const_expr(self.wide_up):
+                    tiled_mma_up.set(warpgroup.Field.ACCUMULATE, False)
                 if cutlass.const_expr(split > 1):
                     acc.fill(0.0)
                 for kt in range(my_k_tiles):
@@ -1253,10 +1310,17 @@ class Sm90Gemm:
                     # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc,
-                                  tCrA[(None, None, kb, read_state.index)],
-                                  tCrB[(None, None, kb, read_state.index)], acc)
-                        if cutlass.const_expr(self.swiglu != ""):
+                        if cutlass.const_expr(self.wide_up):
+                            # both weights' tiles of this stage, as one tile 2 tn wide
+                            cute.gemm(tiled_mma_up, acc_both,
+                                      tCrA_up[(None, None, kb, read_state.index)],
+                                      tCrB_up[(None, None, kb, read_state.index)], acc_both)
+                            tiled_mma_up.set(warpgroup.Field.ACCUMULATE, True)
+                        else:
+                            cute.gemm(tiled_mma, acc,
+                                      tCrA[(None, None, kb, read_state.index)],
+                                      tCrB[(None, None, kb, read_state.index)], acc)
+                        if cutlass.const_expr(self.swiglu != "" and not self.wide_up):
                             # the up projection's tile: the doubled operand's slot
                             # stages + s, the other operand's tile shared
                             up_a = self.stages * (self.swiglu == "a") + read_state.index

@@ -532,7 +532,8 @@ class SwigluGemm(Sm90Gemm):
                     mB_up=m_up if self.swiglu == "b" else None)
 
 
-def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k"):
+def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k", kernel=None):
+    """The two-weight kernel of ``cfg`` (or ``kernel``) compiled on fake tensors."""
     from cutlass.runtime import make_fake_stream
     from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
 
@@ -541,7 +542,7 @@ def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k"):
     args = [make_fake_gemm_args(ab, ab, a_major, b_major, store=store, c_major=c_major)
             for _ in range(2)]
     (a, b, c, _), up = args[0], args[1][0 if cfg["swiglu"] == "a" else 1]
-    return cute.compile(SwigluGemm(**cfg), a, b, up, c,
+    return cute.compile(kernel or SwigluGemm(**cfg), a, b, up, c,
                         make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
@@ -563,6 +564,23 @@ SWIGLU_CASES = [  # every kind of consumer warpgroups, both majors, direct store
                               for c in SWIGLU_CASES])
 def test_swiglu_variants_compile(cfg, ab, b_major):
     assert callable(compile_swiglu(cfg, ab, "k", b_major))
+
+
+@pytest.mark.parametrize("cfg,b_major,wide", [
+    (dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, swiglu="b"), "k", True),
+    (dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, swiglu="b"), "k", True),
+    (dict(tile_m=64, tile_n=128, cooperative=False, swiglu="b"), "n", True),
+    # a K-major swizzle atom spans 64 of the 128 K: two slots are not one wider tile
+    (dict(tile_m=128, tile_n=128, tile_k=128, cooperative=True, swiglu="b"), "k", False),
+    # N-major 32-wide tiles: 64-byte swizzle, the joined tile would take the 128-byte one
+    (dict(tile_m=64, tile_n=32, cooperative=False, swiglu="b", store="direct"), "n", False),
+    (dict(tile_m=64, tile_n=16, cooperative=False, swiglu="a", store="direct"), "k", False),
+])
+def test_swiglu_weight_tiles_join_into_one_wgmma_where_their_smem_layouts_do(cfg, b_major,
+                                                                             wide):
+    kernel = SwigluGemm(**cfg)
+    assert callable(compile_swiglu(cfg, "bf16", "k", b_major, kernel=kernel))
+    assert kernel.wide_up is wide
 
 
 def test_swiglu_config_errors_and_configs():
