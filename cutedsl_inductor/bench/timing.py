@@ -34,10 +34,10 @@ def median_ms(fn: Any, cuda_graph: bool = False, rep: int = 100) -> float:
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def interleaved_ms(fns: dict[str, Any], rounds: int, rep: int = 50) -> dict[str, list[float]]:
+def interleaved_ms(fns: dict[Any, Any], rounds: int, rep: int = 50) -> dict[Any, list[float]]:
     """Per name of ``fns``, the ``do_bench`` median (``rep`` ms of calls) of each of
     ``rounds`` rounds, every round timing the functions in the order given."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[Any, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             times[name].append(median_ms(fn, rep=rep))

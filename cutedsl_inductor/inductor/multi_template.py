@@ -19,8 +19,10 @@ does not). So where a single pointwise consumer will fuse, our
 ``config.fused_choice_candidates`` fastest choices (the fastest ping-pong one among them,
 ``retime_candidates``) are compiled with that epilogue and
 timed on example inputs (on the GPU; the swap is that of the buffer's kernel render and
-parameters, which are all that differ between our choices of one node), and the fastest
-fused kernel is kept.
+parameters, which are all that differ between our choices of one node), in interleaved
+rounds (``bench.timing.interleaved_ms``: the clock drifting under the power cap reaches
+every candidate alike; fused kernels of one node often differ by 1-2%, as much as one
+timing moves), and the fastest fused kernel (median round) is kept.
 
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.
@@ -31,6 +33,7 @@ timed, our plain-time winner stays.
 from __future__ import annotations
 
 import logging
+import statistics
 from typing import Any, Callable
 
 import torch
@@ -39,6 +42,7 @@ from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
 
 from .. import config
+from ..bench.timing import interleaved_ms
 from ..template.caller import CuteDSLTemplateCaller
 
 log = logging.getLogger(__name__)
@@ -116,15 +120,18 @@ def retime_with_epilogue(node: SchedulerNode, timings: dict[Any, float]) -> None
     if len(candidates) < 2 or len(consumers) != 1 or not torch.cuda.is_available():
         return
     scheduling = CuteDSLScheduling(node.scheduler)
-    fused_ms: dict[Any, float] = {}
+    calls: dict[Any, Callable[[], Any]] = {}
+    tensors: dict[tuple, torch.Tensor] = {}  # example inputs, shared by the candidates
     for choice in candidates:
         use_choice(node.node, choice)
         try:
             plan = scheduling.epilogue_plan([node, consumers[0]])  # compiles it, or None
             if plan is not None:
-                fused_ms[choice] = time_fused_kernel(node.node, plan)
+                calls[choice] = fused_kernel_call(node.node, plan, tensors)
         except Exception as err:  # this candidate is skipped, never a crash
             log.warning("not timing %s with its epilogue: %s", choice.description, err)
+    fused_ms = {choice: statistics.median(rounds)
+                for choice, rounds in interleaved_ms(calls, _RETIME_ROUNDS).items()}
     best = min(fused_ms, key=fused_ms.__getitem__) if fused_ms else candidates[0]
     use_choice(node.node, best)
     log.debug("%s with its epilogue: %s; kept %s", node.get_name(),
@@ -152,12 +159,18 @@ def use_choice(buffer: Any, choice: CuteDSLTemplateCaller) -> None:
     buffer.params = choice.params
 
 
-def time_fused_kernel(buffer: Any, plan: Any) -> float:
-    """Milliseconds of ``buffer``'s kernel with ``plan`` fused, on random example tensors
-    shaped like its arguments (size hints)."""
+# Interleaved timing rounds of the fused candidates (their median counts).
+_RETIME_ROUNDS = 3
+
+
+def fused_kernel_call(buffer: Any, plan: Any,
+                      tensors: dict[tuple, torch.Tensor]) -> Callable[[], Any]:
+    """A call of ``buffer``'s kernel with ``plan`` fused on random example tensors shaped
+    like its arguments (size hints; taken from, or added to, ``tensors`` by position,
+    size, stride, dtype and device: candidates for one node share them, no two
+    arguments of one call alias), run once here so that a failing kernel raises now."""
     from torch._dynamo.testing import rand_strided
 
-    from ..bench.timing import median_ms
     from ..runtime.loader import load_kernel
     from .scheduling import render_kernel
 
@@ -165,11 +178,18 @@ def time_fused_kernel(buffer: Any, plan: Any) -> float:
     runner = load_kernel(name, source, specs, template=buffer.template.name,
                          params=buffer.params)
     hints = V.graph.sizevars.optimization_hints
-    args = [rand_strided(hints(n.get_size()), hints(n.get_stride()), dtype=n.get_dtype(),
-                         device=n.get_device())
-            if isinstance(n, ir.IRNode) else V.graph.sizevars.optimization_hint(n)
-            for n in kernel.arg_nodes()]
-    return median_ms(lambda: runner.run(*args))
+    args = []
+    for position, n in enumerate(kernel.arg_nodes()):
+        if not isinstance(n, ir.IRNode):
+            args.append(V.graph.sizevars.optimization_hint(n))
+            continue
+        key = (position, hints(n.get_size()), hints(n.get_stride()), n.get_dtype(),
+               n.get_device())
+        if key not in tensors:
+            tensors[key] = rand_strided(*key[1:3], dtype=key[3], device=key[4])
+        args.append(tensors[key])
+    runner.run(*args)
+    return lambda: runner.run(*args)
 
 
 def pointwise_consumers(node: Any) -> list[Any]:
