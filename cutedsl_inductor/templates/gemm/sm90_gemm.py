@@ -1320,14 +1320,14 @@ class Sm90Gemm:
                             cute.gemm(tiled_mma, acc,
                                       tCrA[(None, None, kb, read_state.index)],
                                       tCrB[(None, None, kb, read_state.index)], acc)
-                        if cutlass.const_expr(self.swiglu != "" and not self.wide_up):
-                            # the up projection's tile: the doubled operand's slot
-                            # stages + s, the other operand's tile shared
-                            up_a = self.stages * (self.swiglu == "a") + read_state.index
-                            up_b = self.stages * (self.swiglu == "b") + read_state.index
-                            cute.gemm(tiled_mma, acc_up, tCrA[(None, None, kb, up_a)],
-                                      tCrB[(None, None, kb, up_b)], acc_up)
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                            if cutlass.const_expr(self.swiglu != ""):
+                                # the up projection's tile: the doubled operand's slot
+                                # stages + s, the other operand's tile shared
+                                up_a = self.stages * (self.swiglu == "a") + read_state.index
+                                up_b = self.stages * (self.swiglu == "b") + read_state.index
+                                cute.gemm(tiled_mma, acc_up, tCrA[(None, None, kb, up_a)],
+                                          tCrB[(None, None, kb, up_b)], acc_up)
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if kt > 0:
