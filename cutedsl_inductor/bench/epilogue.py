@@ -4,10 +4,11 @@ fusion), measured in one run.
 
 Blocks (bf16): gelu(x @ w.T + b); relu(addmm(b, x, w.T)) * 0.5 + residual;
 silu(x @ w1.T) * (x @ w3.T) (ours: one two-weight GEMM, ``inductor/swiglu.py``).
-Shapes: M in {128, 1024, 8192} x (N, K) in {(4096, 4096), (14336, 4096)} (``--quick``:
-M in {128, 8192}, (4096, 4096); ``--shapes MxNxK,...``: those;
+Shapes: M in {128, 1024, 8192} x the GEMM suite's four (N, K) (``gemm.LLM_NK``: a square
+weight, an MLP's up and down projections, an LM head); ``--quick``: M in {128, 8192},
+(4096, 4096); ``--shapes MxNxK,...``: those;
 ``--shard K/N``: every N-th shape from the K-th, to split the suite across GPUs or runs,
-each writing its own CSV). Ours: max-autotune with
+each writing its own CSV. Ours: max-autotune with
 ``max_autotune_gemm_backends="CUTEDSL"`` and ``config.epilogue_fusion``. Each result is
 checked against eager (relative error < 1e-2) and our output code against fusion (the
 "fused" column: every consumer ran inside a GEMM).
@@ -37,10 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .gemm import ROUNDS, parse_rounds, parse_shapes, parse_shard
+from .gemm import LLM_NK, ROUNDS, parse_rounds, parse_shapes, parse_shard
 from .timing import captured, interleaved_ms, tflops_and_ratios
 
-SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in ((4096, 4096), (14336, 4096))]
+SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in LLM_NK]
 QUICK = [(128, 4096, 4096), (8192, 4096, 4096)]
 VARIANTS = ("ours", "default", "max_autotune")
 
