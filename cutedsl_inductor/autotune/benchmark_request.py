@@ -12,9 +12,9 @@ argument's own sizes and strides (a transposed operand, an expanded bias), so th
 passed to the kernel as they are.
 
 Each choice is timed ``TIMINGS`` times, the fastest counting (here and in process,
-``CuteDSLTemplateCaller.benchmark``): a slowdown of the GPU that lasts one whole timing
-(Inductor's ``benchmark_gpu``, itself the fastest of its calls) only ever adds time,
-and a second timing undoes it.
+``CuteDSLTemplateCaller.benchmark``): a slowdown that lasts one whole timing (Inductor's
+``benchmark_gpu``, itself the fastest of its calls; its cause was not found) only ever
+adds time, so the other timing stands.
 
 Invariants: holds no tensor and nothing of CUDA (it crosses process boundaries); runs
 the same binary as the in-process path (same source, specs and compile key).
