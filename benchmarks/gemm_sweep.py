@@ -4,7 +4,7 @@
 (as Inductor runs them), timed against cuBLAS in one run (bf16).
 
     python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
-        [--layouts nt,nn] [--variant tile_k=128] [--variant stages=12] [--ranked 8] [--top 12]
+        [--layouts nt,nn] [--variant tile_k=128] [--ranked 8] [--top 12] [--rounds 5]
 
 ``--swiglu`` sweeps SwiGLU's two-weight kernel instead (``silu(a @ b1) * (a @ b3)``, the
 configs ``swiglu_configs`` ranks), timed against two cuBLAS GEMMs alone.
@@ -15,7 +15,10 @@ compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so
 a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
 ``--top`` fastest configs with TFLOP/s, the ratio to cuBLAS and the heuristic's rank
 of the config ("-": not offered by default), after checking every result against
-float64 (relative error < 2e-2; a failure is reported and counted).  ``--clocks N`` adds
+float64 (relative error < 2e-2; a failure is reported and counted).  ``--rounds N``
+times cuBLAS and the configs in turn, N rounds, and ranks them by their median round:
+under the power cap the clock drifts, and on the H200 one config's figure differed by
+10% between two single-round sweeps of the same shape.  ``--clocks N`` adds
 the SM clock and board power (``nvidia-smi``) while cuBLAS and each of the N fastest
 configs run back to back: under the power cap a kernel that spends less energy per
 cycle holds a higher clock.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import statistics
 import sys
 from typing import Any
 
@@ -37,7 +41,7 @@ if REPO not in sys.path:
 
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import checked_run, operands, parse_shapes  # noqa: E402
-from cutedsl_inductor.bench.timing import clock_and_power, median_ms  # noqa: E402
+from cutedsl_inductor.bench.timing import clock_and_power, interleaved_ms  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
     Sm90Gemm, config_name, pick_configs, swiglu_configs)
 
@@ -105,7 +109,7 @@ def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, 
 
 
 def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
-                 swiglu: bool = False, clocks: int = 0) -> int:
+                 swiglu: bool = False, clocks: int = 0, rounds: int = 1) -> int:
     """Print the ``top`` fastest configs of one shape; return how many were wrong."""
     a, b = operands(m, n, k, torch.bfloat16, layout)
     weights = [b] + [operands(m, n, k, torch.bfloat16, layout)[1] for _ in range(swiglu)]
@@ -114,28 +118,32 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
                  else products[0])
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     flops = 2 * m * n * k * len(weights)
-    cublas = flops / median_ms(lambda: [torch.mm(a, w) for w in weights]) / 1e9
-    rows, failures, runs = [], 0, {}
+    fns = {"cuBLAS": lambda: [torch.mm(a, w) for w in weights]}
+    ranked, failures = [], 0
     for cfg, rank, choice in entries:
         try:
             run = checked_run(choice, (a, *weights), out, reference)
-            runs[config_name(cfg)] = run
-            rows.append((flops / median_ms(lambda: run(a, *weights, out)) / 1e9, cfg, rank))
         except Exception as err:  # a failing config is reported, the others go on
             failures += 1
             print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
-    rows.sort(key=lambda row: -row[0])
+            continue
+        fns[config_name(cfg)] = lambda run=run: run(a, *weights, out)
+        ranked.append((cfg, rank))
+    times = interleaved_ms(fns, rounds)
+    tflops = {name: flops / statistics.median(ms) / 1e9 for name, ms in times.items()}
+    cublas = tflops["cuBLAS"]
+    rows = sorted(((tflops[config_name(cfg)], cfg, rank) for cfg, rank in ranked),
+                  key=lambda row: -row[0])
     print(f"\n{m}x{n}x{k} {layout}: cuBLAS {cublas:.0f} TFLOP/s; {len(rows)} configs")
-    for tflops, cfg, rank in rows[:top]:
-        print(f"  {config_name(cfg):36s} {tflops:6.0f} {tflops / cublas:5.2f}  "
+    for rate, cfg, rank in rows[:top]:
+        print(f"  {config_name(cfg):36s} {rate:6.0f} {rate / cublas:5.2f}  "
               f"rank {'-' if rank is None else rank}")
     offered = [row for row in rows if row[2] is not None]
     if rows and offered:
         print(f"  best offered / best swept: {offered[0][0] / rows[0][0]:.2f}")
     if clocks:
-        print_clocks({"cuBLAS": lambda: [torch.mm(a, w) for w in weights]}
-                     | {config_name(cfg): lambda run=runs[config_name(cfg)]:
-                        run(a, *weights, out) for _, cfg, _ in rows[:clocks]})
+        print_clocks({name: fns[name] for name in
+                      ["cuBLAS"] + [config_name(cfg) for _, cfg, _ in rows[:clocks]]})
     return failures
 
 
@@ -157,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--clocks", type=int, default=0, metavar="N",
                         help="SM clock and power of cuBLAS and the N fastest configs")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="time cuBLAS and every config in turn, N rounds (medians)")
     parser.add_argument("--swiglu", action="store_true",
                         help="the two-weight kernel, against two cuBLAS GEMMs")
     parser.add_argument("--precompile", action="store_true",
@@ -181,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
                 else:
                     failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu,
-                                             args.clocks)
+                                             args.clocks, args.rounds)
     print(f"\n{failures} failure(s)")
     return 1 if failures else 0
 
