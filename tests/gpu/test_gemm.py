@@ -91,11 +91,11 @@ def test_small_tile_configs_match_float64(cfg):
 
 
 @pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS
-                                 if c["tile_n"] == 224], ids=config_name)
+                                 if c["tile_n"] in (192, 224)], ids=config_name)
 @pytest.mark.parametrize("b_t", [False, True])
-def test_224_wide_tiles_match_float64(cfg, b_t):
-    """N tiles of 224 (not a power of two; B N-major in 64-byte swizzled smem) over M, N
-    and K tails."""
+def test_tiles_of_192_and_224_match_float64(cfg, b_t):
+    """N tiles that are not a power of two (224: B N-major in 64-byte swizzled smem; 256x192:
+    192 accumulator registers per thread) over M, N and K tails."""
     a = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16)
     b = operand_b(1000, 1000, torch.bfloat16, b_t)
     ((description, out),) = template_outputs("mm", [a, b], (300, 1000), config_list=[cfg])

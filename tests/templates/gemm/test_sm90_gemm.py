@@ -383,6 +383,19 @@ def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
     assert "not in" in Sm90Gemm.config_error(tile_n=96, tile_m=128)
 
 
+def test_pick_configs_offers_256x192_tiles_first_at_large_m_and_wide_n():
+    """H200 sweep (gemm_sweep.py --rounds 5, nt / nn, against the best offered before):
+    256x192 cooperative tiles (192 accumulator registers per thread) at 8192x128256x4096
+    1.03 / 1.03, 8192x14336x4096 1.03 / 1.01; at N = 4096 (22 N tiles of 192) 0.96-0.98,
+    where they must not lead."""
+    for shape in [(8192, 128256, 4096), (8192, 14336, 4096), (1024, 128256, 4096)]:
+        assert config_name(pick_configs(*shape)[0]) == "t256x192x64_c1x2_coop_rn", shape
+    for shape in [(4096, 4096, 4096), (8192, 4096, 4096), (8192, 4096, 14336)]:
+        assert not config_name(pick_configs(*shape)[0]).startswith("t256x192"), shape
+    assert Sm90Gemm.config_error(tile_m=256, tile_n=192) is None
+    assert "192 accumulator" in Sm90Gemm.config_error(tile_m=256, tile_n=224)
+
+
 def test_pick_configs_splits_k_only_when_tiles_are_few():
     for m in (1, 16, 64, 128, 256):
         for n, k in ((4096, 4096), (4096, 14336)):
