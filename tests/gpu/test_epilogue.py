@@ -197,6 +197,27 @@ def test_swiglu_the_kernel_cannot_take_runs_as_before():
     assert relative_error(result, fn(x, w1, w3)) < 1e-2
 
 
+def test_swiglu_where_the_aten_fallback_wins_runs_as_inductor_would():
+    """Inductor's filter leaves the SwiGLU lowering only its ATen fallback, so that it wins,
+    and each mm only its ATen choice: the pattern is lowered as Inductor would (two mms and
+    one pointwise kernel), not as the fallback (two more passes over the output)."""
+    fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
+    x, w1, w3 = randn(256, 512), randn(384, 512), randn(384, 512)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({
+            "max_autotune": True, "fx_graph_cache": False,
+            "max_autotune_gemm_backends": "ATEN,CUTEDSL",
+            "test_configs.autotune_choice_desc_regex": "^$"}), \
+            config.patch(epilogue_fusion=True):
+        from torch._inductor.utils import run_and_get_code
+
+        result, codes = run_and_get_code(torch.compile(fn), x, w1, w3)
+    code = "\n".join(codes)
+    assert "SWIGLU" not in code and "cutedsl_swiglu_mm_aten" not in code
+    assert code.count("extern_kernels.mm(") == 2 and code.count("@triton.jit") == 1
+    assert relative_error(result, fn(x, w1, w3)) < 1e-2
+
+
 SWIGLU_CONFIGS = [
     dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m", swiglu="b"),
     dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),

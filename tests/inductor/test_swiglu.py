@@ -101,3 +101,20 @@ def test_lowering_decomposes_where_no_choice_fits(max_autotune):
         templates = [op for op in graph.operations if isinstance(op, ir.TemplateBuffer)]
     assert kernels == ["extern_kernels.mm", "extern_kernels.mm"]
     assert templates == []
+
+
+def test_lowering_decomposes_where_the_aten_fallback_wins(max_autotune):
+    """Inductor's filter leaves the SwiGLU lowering its ATen fallback alone, so that it
+    wins, and each mm its ATen choice: the pattern is lowered as Inductor would (two mms,
+    silu and the multiply in pointwise nodes), and the scheduler drops the fallback's
+    unused node."""
+    from torch._inductor import ir
+    from torch._inductor.scheduler import Scheduler
+
+    with torch._inductor.config.patch({"test_configs.autotune_choice_desc_regex": "^$"}), \
+            lowered(swiglu, (256, 512), (384, 512), (384, 512), post_grad=True) as graph:
+        assert "cutedsl.swiglu_mm" in str(graph.graph)
+        nodes = [n for node in Scheduler(graph.operations).nodes for n in node.get_nodes()]
+    externs = [n.node.python_kernel_name for n in nodes if isinstance(n.node, ir.ExternKernel)]
+    assert externs == ["extern_kernels.mm", "extern_kernels.mm"]
+    assert len(nodes) > len(externs)  # the pointwise ops
