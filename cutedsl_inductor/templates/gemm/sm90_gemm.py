@@ -1529,7 +1529,7 @@ DEFAULT_CONFIGS = [
     # 1.03 / 0.99; at N = 4096 (22 N tiles of 192) 0.96-0.98.  Its c2x1 twin was slower
     # but at 1024x128256x4096 nn (1.01).
     dict(tile_m=256, tile_n=192, tile_k=64, cluster_m=1, cluster_n=2, cooperative=True, raster="n"),
-    # Ping-pong: tile sizes are per consumer warpgroup (128x128 fp32 accumulator max).
+    # Ping-pong: tile sizes are per consumer warpgroup (128x128 the largest offered).
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1, cooperative=False,
          pingpong=True, raster="m"),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, cooperative=False,
