@@ -107,13 +107,15 @@ def test_the_fused_kernels_of_our_fastest_choices_are_timed(caplog):
 
 
 def check_row_column_and_full_inputs(m, n):
-    """A fused epilogue reading a column vector (bias), a row vector and a full tensor."""
+    """A fused epilogue reading a column vector (bias), a row vector and a full tensor;
+    returns the output code."""
     x, w, b, r = randn(m, 512), randn(n, 512), randn(n), randn(m, n)
     rows = randn(m, 1)
     fn = lambda x, w, b, r, rows: torch.relu(x @ w.t() + b) * rows + r  # noqa: E731
     result, code = compiled_with_fusion(fn, x, w, b, r, rows)
     assert "_epilogue(" in code
     assert relative_error(result, fn(x, w, b, r, rows)) < 1e-2
+    return code
 
 
 @pytest.mark.parametrize("m,n", [(200, 264), (1, 4104), (130, 392)])
@@ -136,6 +138,17 @@ def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch)
 
     monkeypatch.setattr(template, "pick_configs", swap_ab_only)
     check_row_column_and_full_inputs(m, n)
+
+
+@pytest.mark.parametrize("m,n", [(300, 1000), (520, 392)])
+def test_256x192_tiles_with_their_epilogue_spilling_match_eager(m, n, monkeypatch):
+    """Only the 256x192 tile offered (192 accumulator registers per thread, so the fused
+    epilogue's values spill to local memory): M and N tails, row, column and full inputs."""
+    from cutedsl_inductor.templates.gemm import template
+
+    monkeypatch.setattr(template, "pick_configs", lambda *args, **kwargs: [dict(
+        tile_m=256, tile_n=192, cluster_n=2, cooperative=True, raster="n")])
+    assert "'TILE_N': 192" in check_row_column_and_full_inputs(m, n)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "odd row stride", "odd offset"])
