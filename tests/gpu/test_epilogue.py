@@ -234,6 +234,7 @@ def test_swiglu_where_the_aten_fallback_wins_runs_as_inductor_would():
 SWIGLU_CONFIGS = [
     dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m", swiglu="b"),
     dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
+    dict(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
     dict(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m",
          swiglu="b"),
     dict(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n", swiglu="b"),

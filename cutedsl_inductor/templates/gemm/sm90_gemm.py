@@ -223,7 +223,11 @@ _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
 DEFAULT_GROUP_SIZE = 8  # clusters per band of the swizzled raster
 # 224: 14336 / 224 = 64 tiles, so two M tiles of 64 make 128 CTAs (of 132 SMs), not 112.
-_TILE_N_CHOICES = (16, 32, 64, 128, 192, 224, 256)
+# 96: SwiGLU's two-weight kernel with the accumulators of a 256x192 GEMM tile.  On the
+# H200 (bf16, gemm_sweep.py --swiglu --rounds 5, nt, of two cuBLAS GEMMs), 256x96 c1x2
+# against the best offered before: 8192x128256x4096 0.99 / 0.97, 8192x14336x4096
+# 1.04 / 1.00, 1024x128256x4096 1.08 / 1.05, 8192x4096x14336 1.00 / 0.98.
+_TILE_N_CHOICES = (16, 32, 64, 96, 128, 192, 224, 256)
 # L2 eviction priorities for the TMA copies' cache-policy operand (the encodings of
 # createpolicy.fractional.L2::evict_normal / evict_first with fraction 1).  Without one
 # the DSL passes 0, which is no policy createpolicy makes.
@@ -321,7 +325,7 @@ class Sm90Gemm:
 
     :param tile_m: CTA tile M.  64 or 128 with ``cooperative=False``; 128 or
         256 with ``cooperative=True``.
-    :param tile_n: CTA tile N: 64, 128, 192, 224 or 256; 16 or 32 with
+    :param tile_n: CTA tile N: 64, 96, 128, 192, 224 or 256; 16 or 32 with
         ``store="direct"``.
     :param tile_k: CTA tile K (one pipeline stage): 32, 64 or 128.
     :param cluster_m: CTAs per cluster along M (1 or 2); B is multicast.

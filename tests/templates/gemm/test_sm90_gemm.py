@@ -563,6 +563,9 @@ SWIGLU_CASES = [  # every kind of consumer warpgroups, both majors, direct store
     (dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, swiglu="b"), "bf16", "k"),
     (dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
      "bf16", "n"),
+    # two accumulators of 96 columns: those of a 256x192 GEMM tile
+    (dict(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
+     "bf16", "k"),
     (dict(tile_m=128, tile_n=64, cooperative=False, pingpong=True, swiglu="b"), "fp16", "k"),
     (dict(tile_m=64, tile_n=128, cooperative=False, swiglu="b", store="direct"), "bf16", "n"),
     # swap-AB: the weights are A (multicast across a cluster along N: none here)
@@ -582,7 +585,10 @@ def test_swiglu_variants_compile(cfg, ab, b_major):
 @pytest.mark.parametrize("cfg,b_major,wide", [
     (dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, swiglu="b"), "k", True),
     (dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, swiglu="b"), "k", True),
+    (dict(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, swiglu="b"), "k", True),
     (dict(tile_m=64, tile_n=128, cooperative=False, swiglu="b"), "n", True),
+    # N-major 96-wide tiles: 192-byte rows, not whole 128-byte swizzle atoms
+    (dict(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, swiglu="b"), "n", False),
     # a K-major swizzle atom spans 64 of the 128 K: two slots are not one wider tile
     (dict(tile_m=128, tile_n=128, tile_k=128, cooperative=True, swiglu="b"), "k", False),
     # N-major 32-wide tiles: 64-byte swizzle, the joined tile would take the 128-byte one
@@ -612,6 +618,8 @@ def test_swiglu_config_errors_and_configs():
         assert all(config_name(c).endswith("_swiglu") for c in configs)
     # a large problem's best guess is the 128x256 cooperative tile's work: 128x128 per weight
     assert (configs[0]["tile_m"], configs[0]["tile_n"]) == (128, 128)
+    # at the LM head that of the 256x192 one: two accumulators of 96 columns
+    assert config_name(swiglu_configs(8192, 128256, 4096)[0]) == "t256x96x64_c1x2_coop_rn_swiglu"
 
 
 def test_swiglu_configs_swap_ab_first_for_small_m():
