@@ -15,6 +15,7 @@ gemm_exhaustive          CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE            False
 epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (opt-in; also SwiGLU)
 fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3
 compile_workers          CUTEDSL_INDUCTOR_COMPILE_WORKERS            CPUs / 2, <= 8; 0 below 4 CPUs
+autotune_settle_ms       CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS         300
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ _HALF_THE_CPUS = min(8, (os.cpu_count() or 1) // 2)
 compile_workers: int = _env_int("CUTEDSL_INDUCTOR_COMPILE_WORKERS",
                                 _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0)
 
+# Before the first timing of an autotuning that has our choices, run that choice this
+# many milliseconds untimed, so that no choice is timed at the clock an idle GPU boosts
+# to (``autotune/select.py``); 0: off.
+autotune_settle_ms: int = _env_int("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300)
+
 
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
@@ -92,6 +98,7 @@ _KNOBS = (
     "epilogue_fusion",
     "fused_choice_candidates",
     "compile_workers",
+    "autotune_settle_ms",
 )
 
 

@@ -11,10 +11,11 @@ tensors that Inductor makes from ``input_tensor_meta``: one per entry argument, 
 argument's own sizes and strides (a transposed operand, an expanded bias), so they are
 passed to the kernel as they are.
 
-Each choice is timed ``TIMINGS`` times, the fastest counting (here and in process,
-``CuteDSLTemplateCaller.benchmark``): a slowdown that lasts one whole timing (Inductor's
-``benchmark_gpu``, itself the fastest of its calls; its cause was not found) only ever
-adds time, so the other timing stands.
+Each choice is timed ``TIMINGS`` times, the fastest counting (``fastest_ms``, here and
+in process, ``CuteDSLTemplateCaller.benchmark``): a slowdown that lasts one whole timing
+(Inductor's ``benchmark_gpu``, itself the fastest of its calls; its cause was not found)
+only ever adds time, so the other timing stands. The choice marked to settle the clocks
+(``settle_ms``, see ``autotune/select.py``) first runs that long untimed.
 
 Invariants: holds no tensor and nothing of CUDA (it crosses process boundaries); runs
 the same binary as the in-process path (same source, specs and compile key).
@@ -23,6 +24,7 @@ the same binary as the in-process path (same source, specs and compile key).
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable
 
 import torch
@@ -39,6 +41,9 @@ from ..compile.specs import ArgSpec
 # left it out of the fused candidates: 0.94 of Inductor max-autotune for that block,
 # against 1.19 with it.
 TIMINGS = 2
+# Calls between two synchronizes while settling the clocks: the host stays at most this
+# many launches ahead of the GPU.
+_CALLS_PER_SYNC = 8
 # The knobs that locate and shape a binary (the others only steer choices and fusion).
 _BINARY_KNOBS = ("cache_dir", "disk_cache", "arch", "entry_suffix", "compile_options")
 
@@ -47,6 +52,17 @@ def argument_meta(node: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> 
     """The meta of an entry argument that reads ``node`` with ``size`` and ``stride``."""
     return TensorMeta(device=node.get_device(), dtype=node.get_dtype(), sizes=size,
                       strides=stride, offset=0, name=node.get_name())
+
+
+def fastest_ms(timing: Callable[[], float], call: Callable[[], Any], settle_ms: float) -> float:
+    """The fastest of ``TIMINGS`` readings of ``timing()``; with ``settle_ms`` > 0, after
+    ``call`` (what is timed) has run back to back, untimed, for that many milliseconds."""
+    deadline = time.perf_counter() + settle_ms / 1e3
+    while time.perf_counter() < deadline:
+        for _ in range(_CALLS_PER_SYNC):
+            call()
+        torch.cuda.synchronize()
+    return min(timing() for _ in range(TIMINGS))
 
 
 class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
@@ -69,6 +85,7 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         self.params = params
         self.knobs = {name: getattr(config, name) for name in _BINARY_KNOBS}
         self.knobs["arch"] = target_arch()  # as resolved here (another process may see no GPU)
+        self.settle_ms = 0  # set on the first choice timed (autotune/select.py)
 
     def load(self) -> Any:
         """The kernel's wrapper, built as the requesting process would build it."""
@@ -87,8 +104,8 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
 
     def do_bench(self, fn: Callable[[], Any], *input_tensors: torch.Tensor,
                  out: torch.Tensor | None = None) -> float:
-        timing = super().do_bench  # bound here: a generator has no zero-argument super()
-        return min(timing(fn, *input_tensors, out=out) for _ in range(TIMINGS))
+        timing = super().do_bench  # bound here: a lambda has no zero-argument super()
+        return fastest_ms(lambda: timing(fn, *input_tensors, out=out), fn, self.settle_ms)
 
     def __str__(self) -> str:
         return f"CuteDSLBenchmarkRequest({self.kernel_name})"

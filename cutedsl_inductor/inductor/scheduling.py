@@ -216,9 +216,11 @@ def _involves_cutedsl(*nodes: Any) -> bool:
 
 def install() -> None:
     """Register ``CuteDSLCombinedScheduling`` for CUDA devices, our part of the FX graph
-    cache key, our GEMM choices, our pre-fusion pass and the SwiGLU rewrite (idempotent)."""
+    cache key, our GEMM choices, the clock settling before autotuning, our pre-fusion pass
+    and the SwiGLU rewrite (idempotent)."""
     from torch._inductor.codegen import common
 
+    from ..autotune.select import install_clock_settling
     from .cache_key import install_cache_key
     from .choices import install_choices
     from .multi_template import install_pre_fusion_pass
@@ -227,6 +229,7 @@ def install() -> None:
     common.init_backend_registration()
     install_cache_key()
     install_choices()
+    install_clock_settling()
     install_pre_fusion_pass()
     install_swiglu()
     current = common.device_codegens["cuda"]

@@ -1,9 +1,9 @@
 """CuteDSLTemplateCaller: one template x parameter set as an Inductor ``ChoiceCaller``.
 
 ``precompile`` compiles the choice (Inductor calls it from a thread pool before
-benchmarking), ``benchmark`` times it on Inductor's example tensors (the fastest of
-``TIMINGS`` timings, see ``autotune/benchmark_request.py``), ``output_node``
-turns the winner into a ``CuteDSLTemplateBuffer``. ``hash_key`` is the template name
+benchmarking), ``benchmark`` times it on Inductor's example tensors (``fastest_ms``,
+see ``autotune/benchmark_request.py``), ``output_node`` turns the winner into a
+``CuteDSLTemplateBuffer``. ``hash_key`` is the template name
 and the hash of the rendered source and argument specs, identical in every process.
 ``bmreq`` is the same choice as a picklable request, for Inductor's tuning subprocess
 (``autotune/benchmark_request.py``).
@@ -25,7 +25,7 @@ import torch
 from torch._inductor import ir
 from torch._inductor.autotune_process import TensorMeta
 
-from ..autotune.benchmark_request import TIMINGS, CuteDSLBenchmarkRequest, argument_meta
+from ..autotune.benchmark_request import CuteDSLBenchmarkRequest, argument_meta, fastest_ms
 from ..compile.specs import ArgSpec, specs_key
 from ..compile.workers import build_in_worker
 from ..exc import format_params
@@ -143,8 +143,9 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
             call_args = (*self.views_of(args), out, *self.extra_args)
             stream = torch.cuda.current_stream(out.device).cuda_stream
             wrapper.run(*call_args, stream=stream)  # surfaces launch errors here
-            return min(benchmarker.benchmark_gpu(lambda: wrapper.run(*call_args, stream=stream))
-                       for _ in range(TIMINGS))
+            call = functools.partial(wrapper.run, *call_args, stream=stream)
+            return fastest_ms(lambda: benchmarker.benchmark_gpu(call), call,
+                              self.bmreq.settle_ms)
         except Exception as err:
             self._drop(err)
             return float("inf")
