@@ -50,6 +50,18 @@ def use_virtual_sm90(monkeypatch):
 
 
 @contextlib.contextmanager
+def virtual_sm90_max_autotune(monkeypatch, backends, gemm_max_configs):
+    """Max-autotune with ``backends`` and our epilogue fusion on a virtual sm_90 (see
+    ``use_virtual_sm90``), the heuristic offering ``gemm_max_configs`` GEMM configs."""
+    from cutedsl_inductor import config
+
+    use_virtual_sm90(monkeypatch)
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends=backends), \
+            config.patch(epilogue_fusion=True, gemm_max_configs=gemm_max_configs):
+        yield
+
+
+@contextlib.contextmanager
 def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False, post_grad=False):
     """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor (its
     C++ wrapper with ``cpp_wrapper``, after its post-grad passes with ``post_grad``);

@@ -5,7 +5,6 @@ order Inductor will time them."""
 import pickle
 
 import pytest
-import torch
 import torch.nn.functional as F
 from torch._inductor import ir
 from torch._inductor import select_algorithm
@@ -14,15 +13,12 @@ import cutedsl_inductor
 from cutedsl_inductor import config
 from cutedsl_inductor.autotune.select import settle_clocks_first
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
-from tests.helpers import lowered, use_virtual_sm90
+from tests.helpers import lowered, virtual_sm90_max_autotune
 
 
 @pytest.fixture
 def max_autotune(monkeypatch):
-    use_virtual_sm90(monkeypatch)
-    with torch._inductor.config.patch(max_autotune=True,
-                                      max_autotune_gemm_backends="ATEN,CUTEDSL"), \
-            config.patch(epilogue_fusion=True, gemm_max_configs=2):
+    with virtual_sm90_max_autotune(monkeypatch, "ATEN,CUTEDSL", gemm_max_configs=2):
         yield
 
 

@@ -14,7 +14,8 @@ from cutedsl_inductor import config
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
-from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
+from tests.helpers import (kernel_definitions, load_kernels, lowered, use_virtual_sm90,
+                           virtual_sm90_max_autotune)
 
 BLOCKS = {
     "gelu_bias": (lambda x, w, b: F.gelu(x @ w.t() + b), [(256, 512), (384, 512), (384,)]),
@@ -28,9 +29,7 @@ BLOCKS = {
 
 @pytest.fixture
 def max_autotune(monkeypatch):
-    use_virtual_sm90(monkeypatch)
-    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="CUTEDSL"), \
-            config.patch(epilogue_fusion=True, gemm_max_configs=1):
+    with virtual_sm90_max_autotune(monkeypatch, "CUTEDSL", gemm_max_configs=1):
         yield
 
 

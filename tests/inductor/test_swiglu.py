@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.swiglu import rewrite_swiglu
-from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
+from tests.helpers import kernel_definitions, load_kernels, lowered, virtual_sm90_max_autotune
 
 
 def swiglu(x, w1, w3):
@@ -20,10 +20,7 @@ def swiglu(x, w1, w3):
 @pytest.fixture
 def max_autotune(monkeypatch):
     """Our GEMMs under max-autotune on a virtual sm_90, one config per GEMM."""
-    use_virtual_sm90(monkeypatch)
-    with torch._inductor.config.patch(max_autotune=True,
-                                      max_autotune_gemm_backends="ATEN,CUTEDSL"), \
-            config.patch(epilogue_fusion=True, gemm_max_configs=1):
+    with virtual_sm90_max_autotune(monkeypatch, "ATEN,CUTEDSL", gemm_max_configs=1):
         yield
 
 
