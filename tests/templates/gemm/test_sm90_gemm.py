@@ -172,7 +172,7 @@ def test_bad_pingpong_configs_raise_value_error(bad):
     dict(tile_m=64, cooperative=True),
     dict(tile_m=256, cooperative=False),
     dict(tile_m=256, tile_n=256),
-    dict(tile_n=96),
+    dict(tile_n=160),
     dict(tile_k=48),
     dict(cluster_m=4),
     dict(raster="z"),
@@ -380,7 +380,7 @@ def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
         assert "t128x224x64_c2x1_coop_rm" in [config_name(c)
                                               for c in pick_configs(m, 14336, 4096)], m
     assert Sm90Gemm.config_error(tile_n=224, tile_m=128) is None
-    assert "not in" in Sm90Gemm.config_error(tile_n=96, tile_m=128)
+    assert "not in" in Sm90Gemm.config_error(tile_n=160, tile_m=128)
 
 
 def test_pick_configs_offers_256x192_tiles_first_at_large_m_and_wide_n():
