@@ -5,10 +5,10 @@ that has our choices times its first choice.
 
 Inductor times a choice list in order, right after compiling it, with the GPU idle
 meanwhile; an idle GPU boosts its clock, and under the power cap the clock falls back
-only after 0.1-0.2 s of load. On the H200, after 3 s idle, successive
-``benchmark_gpu`` timings of one cuBLAS GEMM (8192x4096x14336 bf16) read 826, 769-814,
-724-755, then about 730 TFLOP/s: the first choice of a list (ATen's, in Inductor's GEMM
-lowerings) timed up to 13% faster than it runs. ``settle_clocks_first`` (installed as
+only after 0.1-0.2 s of load. On the H200, after 3 s idle, successive ``benchmark_gpu``
+timings of one cuBLAS GEMM (8192x4096x14336 bf16) read 826, 769-814, 724-755, then
+about 730 TFLOP/s: the first choice of a list (ATen's, in Inductor's GEMM lowerings)
+timed up to 13% faster than it runs. ``settle_clocks_first`` (installed as
 one of Inductor's autotuning preprocessing functions) moves our first choice to the
 front of any list that has one and marks it: its benchmark first runs it untimed for
 ``config.autotune_settle_ms`` (``benchmark_request.fastest_ms``), then every choice is
