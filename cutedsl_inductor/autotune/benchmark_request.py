@@ -54,14 +54,16 @@ def argument_meta(node: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> 
                       strides=stride, offset=0, name=node.get_name())
 
 
-def fastest_ms(timing: Callable[[], float], call: Callable[[], Any], settle_ms: float) -> float:
+def fastest_ms(timing: Callable[[], float], call: Callable[[], Any], settle_ms: float,
+               device: torch.device) -> float:
     """The fastest of ``TIMINGS`` readings of ``timing()``; with ``settle_ms`` > 0, after
-    ``call`` (what is timed) has run back to back, untimed, for that many milliseconds."""
+    ``call`` (what is timed, on ``device``) has run back to back, untimed, for that many
+    milliseconds."""
     deadline = time.perf_counter() + settle_ms / 1e3
     while time.perf_counter() < deadline:
         for _ in range(_CALLS_PER_SYNC):
             call()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # that of the call, which need not be the current
     return min(timing() for _ in range(TIMINGS))
 
 
@@ -105,7 +107,8 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
     def do_bench(self, fn: Callable[[], Any], *input_tensors: torch.Tensor,
                  out: torch.Tensor | None = None) -> float:
         timing = super().do_bench  # bound here: a lambda has no zero-argument super()
-        return fastest_ms(lambda: timing(fn, *input_tensors, out=out), fn, self.settle_ms)
+        return fastest_ms(lambda: timing(fn, *input_tensors, out=out), fn, self.settle_ms,
+                          out.device)
 
     def __str__(self) -> str:
         return f"CuteDSLBenchmarkRequest({self.kernel_name})"

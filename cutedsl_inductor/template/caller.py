@@ -145,7 +145,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
             wrapper.run(*call_args, stream=stream)  # surfaces launch errors here
             call = functools.partial(wrapper.run, *call_args, stream=stream)
             return fastest_ms(lambda: benchmarker.benchmark_gpu(call), call,
-                              self.bmreq.settle_ms)
+                              self.bmreq.settle_ms, out.device)
         except Exception as err:
             self._drop(err)
             return float("inf")

@@ -216,10 +216,11 @@ def test_settling_runs_the_call_back_to_back_before_timing():
     x = torch.zeros((), device="cuda")
     count_call = functools.partial(x.add_, 1)
     readings = iter([3.0, 2.0])
-    assert fastest_ms(lambda: next(readings), count_call, settle_ms=50) == 2.0
+    assert fastest_ms(lambda: next(readings), count_call, settle_ms=50, device=x.device) == 2.0
     calls = int(x.item())
     assert calls >= 8 and calls % 8 == 0  # whole batches between synchronizes
-    assert fastest_ms(lambda: 1.0, count_call, settle_ms=0) == 1.0 and x.item() == calls
+    assert fastest_ms(lambda: 1.0, count_call, settle_ms=0, device=x.device) == 1.0
+    assert x.item() == calls
 
 
 @pytest.mark.parametrize("op", ["addmm", "bmm"])
