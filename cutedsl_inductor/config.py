@@ -58,7 +58,8 @@ gemm_exhaustive: bool = _env_bool("CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False)
 # (``inductor/swiglu.py``).
 epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
 # Under max-autotune, how many of our fastest choices for a GEMM with a pointwise consumer
-# are timed again with that epilogue fused, the fastest fused one taken (< 2: no retiming).
+# are timed again with that epilogue fused, and for SwiGLU's fused GEMM again, in
+# interleaved rounds; the fastest is taken (< 2: no retiming).
 fused_choice_candidates: int = _env_int("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3)
 # Processes that compile the choices Inductor precompiles (0: compile in this process,
 # one kernel at a time: CuTe's compiler is not re-entrant).

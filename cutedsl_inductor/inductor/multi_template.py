@@ -42,6 +42,7 @@ from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
 
 from .. import config
+from ..autotune.retime import RETIME_ROUNDS
 from ..bench.timing import interleaved_ms
 from ..template.caller import CuteDSLTemplateCaller
 
@@ -131,7 +132,7 @@ def retime_with_epilogue(node: SchedulerNode, timings: dict[Any, float]) -> None
         except Exception as err:  # this candidate is skipped, never a crash
             log.warning("not timing %s with its epilogue: %s", choice.description, err)
     fused_ms = {choice: statistics.median(rounds)
-                for choice, rounds in interleaved_ms(calls, _RETIME_ROUNDS).items()}
+                for choice, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
     best = min(fused_ms, key=fused_ms.__getitem__) if fused_ms else candidates[0]
     use_choice(node.node, best)
     log.debug("%s with its epilogue: %s; kept %s", node.get_name(),
@@ -157,10 +158,6 @@ def use_choice(buffer: Any, choice: CuteDSLTemplateCaller) -> None:
     """Point our template buffer at another of our choices for the same node."""
     buffer.make_kernel_render = choice.make_kernel_render
     buffer.params = choice.params
-
-
-# Interleaved timing rounds of the fused candidates (their median counts).
-_RETIME_ROUNDS = 3
 
 
 def fused_kernel_call(buffer: Any, plan: Any,

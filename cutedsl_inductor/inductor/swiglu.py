@@ -10,6 +10,9 @@ The fallback stands in for Inductor's own lowering of the pattern, which costs l
 (two autotuned GEMMs, the multiply fused into the second or one pointwise kernel, not
 two): where it wins, the pattern is lowered that way instead (on the H200 at
 8192x4096x14336 the fallback ran at 667 TFLOP/s, Inductor's lowering at 696).
+Where our kernel wins, our ``config.fused_choice_candidates`` fastest configs are timed
+again in interleaved rounds and the fastest taken (``autotune/retime.py``): the two-weight
+configs of one shape are often within a few percent, the noise of one timing pass.
 
 The pattern, as AOT autograd leaves it: ``mul(convert(silu(convert(mm(x, w_gate)))),
 mm(x, w_up))`` with silu decomposed (``c / (1 + exp(-c))`` or ``c * sigmoid(c)``), the
@@ -31,6 +34,7 @@ have. A choice that fails to compile or run is dropped by the autotuner.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -71,6 +75,7 @@ def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
     """Inductor lowering of ``cutedsl::swiglu_mm`` (see the module docstring)."""
     from torch._inductor import ir
 
+    from ..autotune.retime import recording_timings
     from ..autotune.select import autotune_select_algorithm
     from ..templates.gemm.template import swiglu_choices
 
@@ -83,13 +88,40 @@ def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
         return _lower_decomposed(x, w_gate, w_up)
     choices.insert(0, swiglu_mm_aten.bind([x, w_gate, w_up], layout))
     # Chosen now, not deferred to the scheduler, so that a fallback win can be re-lowered.
-    node = autotune_select_algorithm("cutedsl_swiglu_mm", choices, [x, w_gate, w_up], layout,
-                                     return_multi_template=False)
+    with recording_timings() as record:
+        node = autotune_select_algorithm("cutedsl_swiglu_mm", choices, [x, w_gate, w_up],
+                                         layout, return_multi_template=False)
     if isinstance(getattr(node.data, "data", None), ir.ExternKernel):
         # Unused, the fallback's node is dropped by the scheduler's dead-code elimination.
         log.debug("SwiGLU: the ATen fallback won; lowering the pattern as Inductor would")
         return _lower_decomposed(x, w_gate, w_up)
-    return node
+    retimed = retimed_winner(record.timings)
+    # Unused, the first winner's node is dropped like the fallback's.
+    return retimed.output_node() if retimed is not None else node
+
+
+def retimed_winner(timings: dict[Any, float]) -> Any:
+    """Where our choice won, the fastest of our ``config.fused_choice_candidates`` fastest
+    choices timed again in interleaved rounds (``autotune/retime.py``), if it is not the
+    winner; else None (also where that retiming fails: the winner stays)."""
+    from .. import config
+    from ..autotune.retime import fastest_in_rounds
+    from ..template.caller import CuteDSLTemplateCaller
+
+    ours = sorted((c for c, ms in timings.items()
+                   if isinstance(c, CuteDSLTemplateCaller) and math.isfinite(ms)),
+                  key=timings.__getitem__)
+    candidates = ours[:config.fused_choice_candidates]
+    if len(candidates) < 2 or not torch.cuda.is_available():
+        return None
+    try:
+        best, medians = fastest_in_rounds(candidates)
+    except Exception as err:  # keep the winner, never a crash
+        log.warning("SwiGLU: kept %s, not retimed: %s", candidates[0].description, err)
+        return None
+    log.debug("SwiGLU retimed in rounds: %s; kept %s",
+              {c.description: round(ms, 4) for c, ms in medians.items()}, best.description)
+    return best if best is not candidates[0] else None
 
 
 def _lower_decomposed(x: Any, w_gate: Any, w_up: Any) -> Any:

@@ -1,0 +1,81 @@
+"""Timing our closest choices again, in interleaved rounds, where Inductor's one pass
+over a choice list picked among near-ties.
+
+Inductor times each choice once (ours: the faster of two timings), one after another;
+the GPU's clock drifts under the power cap meanwhile, so choices within 2-3% of each
+other are ranked by when they ran as much as by their speed. On the H200, SwiGLU at
+1024x128256x4096 took a 128x128 kernel that one pass timed 2% ahead of a 256x96 one,
+which five interleaved rounds had 3-7% behind. ``fastest_in_rounds`` times a few
+candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.interleaved_ms``, as the
+benchmarks do), the median round counting.
+
+``recording_timings`` catches the timings an autotuning ends with, whether measured or
+read from Inductor's autotune cache: it installs a feedback saver (Inductor's public
+hook, called with every autotuning's timings) for the duration of a ``with`` block only.
+
+Failure semantics: ``fastest_in_rounds`` raises what a candidate's load or first run
+raises; callers keep Inductor's pick then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+from ..bench.timing import interleaved_ms
+
+# Interleaved timing rounds of retimed candidates (their median counts).
+RETIME_ROUNDS = 3
+
+
+class TimingsRecord:
+    """An Inductor feedback saver: the timings of the autotunings run while installed."""
+
+    def __init__(self) -> None:
+        self.timings: dict[Any, float] = {}
+
+    def __call__(self, timings: dict[Any, float], *_context: Any) -> None:
+        self.timings.update(timings)
+
+
+@contextlib.contextmanager
+def recording_timings() -> Iterator[TimingsRecord]:
+    from torch._inductor import select_algorithm
+
+    cache = select_algorithm.get_algorithm_selector_cache()
+    record = TimingsRecord()
+    cache.add_feedback_saver(record)
+    try:
+        yield record
+    finally:
+        cache.feedback_saver_fns.remove(record)
+
+
+def fastest_in_rounds(choices: list[Any]) -> tuple[Any, dict[Any, float]]:
+    """The fastest of ``choices`` (CuteDSL choices of one node) by median round, and each
+    one's median (ms). They run on random tensors made from their requests' argument
+    metas (``example_tensor``: the candidates share them, so each operand is allocated
+    once)."""
+    tensors: dict[tuple, Any] = {}
+    calls = {}
+    for choice in choices:
+        request = choice.bmreq
+        call = request.make_run_fn(
+            *(example_tensor(meta, tensors) for meta in request.input_tensor_meta),
+            out=example_tensor(request.output_tensor_meta, tensors))
+        call()  # a failing kernel raises here, before any timing
+        calls[choice] = call
+    medians = {choice: statistics.median(rounds)
+               for choice, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
+    return min(medians, key=medians.__getitem__), medians
+
+
+def example_tensor(meta: Any, tensors: dict[tuple, Any]) -> Any:
+    """A random tensor for an argument's ``TensorMeta``: the one in ``tensors`` made for
+    the same buffer, sizes, strides, dtype and device, else a new one (added there)."""
+    key = (meta.name, tuple(meta.sizes), tuple(meta.strides), meta.dtype, meta.device)
+    if key not in tensors:
+        tensors[key] = meta.to_tensor()
+    return tensors[key]
