@@ -10,8 +10,8 @@ For each shape: TFLOP/s of our best config (the heuristic's configs, each compil
 through the template path and timed), of ``torch.mm`` (cuBLAS) and of Inductor's best
 Triton template (``max_autotune_gemm_backends="TRITON"``), with the ratios; the CSV in
 ``--out`` gets each row as it is measured (a run cut short keeps what it measured), the
-PNG plot comes at the end. Timing: our configs are timed one by one to pick the
-fastest (each checked against float64 first); then that config, cuBLAS and Triton are
+PNG plot comes at the end. Timing: our configs are timed in interleaved rounds to pick
+the fastest (each checked against float64 first); then that config, cuBLAS and Triton are
 timed in ``--rounds`` interleaved rounds (``timing.interleaved_ms``: ``do_bench``
 medians, L2 flushed, fresh random inputs), the median round counting and the ratios'
 range over the rounds printed and kept in the CSV (``vs_*_min``/``vs_*_max``).
@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .timing import interleaved_ms, median_ms, tflops_and_ratios
+from .timing import interleaved_ms, tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -49,6 +51,7 @@ def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[A
 
 
 TOLERANCE = 2e-2  # relative (Frobenius) error of a 16-bit GEMM against float64
+PICK_ROUNDS = 3  # interleaved rounds that pick our fastest config
 
 
 def checked_run(choice: Any, inputs: tuple, out: torch.Tensor, reference: torch.Tensor) -> Any:
@@ -66,7 +69,9 @@ def checked_run(choice: Any, inputs: tuple, out: torch.Tensor, reference: torch.
 def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
     """The fastest of the heuristic's configs, through the template (as Inductor runs it):
     a function computing ``a @ b`` with it, and its description.  Every config's result
-    is checked against float64 first."""
+    is checked against float64 first; the configs are then timed in ``PICK_ROUNDS``
+    interleaved rounds, the median round counting (timed one after another, the first
+    would run at the clock an idle GPU boosts to)."""
     from torch._inductor import ir
 
     from ..autotune.scratch import scratch_graph
@@ -81,18 +86,19 @@ def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
         gemm_choices(choices, "mm", nodes, layout)
     out = torch.empty(m, n, device="cuda", dtype=a.dtype)
     reference = a.double() @ b.double()
-    best = (math.inf, "none", None)
+    calls = {}
     for choice in choices:
         try:
-            run = checked_run(choice, (a, b), out, reference)
-            best = min(best, (median_ms(lambda: run(a, b, out)), choice.description, run),
-                       key=lambda t: t[0])
+            calls[choice.description] = functools.partial(
+                checked_run(choice, (a, b), out, reference), a, b, out)
         except Exception as err:  # a failing config is reported, the others go on
             print(f"  config failed: {choice.description}: {err}")
-    if best[2] is None:
+    if not calls:
         raise AssertionError(f"no config ran correctly at {m}x{n}x{a.shape[1]}")
-    run = best[2]
-    return (lambda: run(a, b, out)), best[1]
+    medians = {name: statistics.median(rounds)
+               for name, rounds in interleaved_ms(calls, PICK_ROUNDS).items()}
+    best = min(medians, key=medians.__getitem__)
+    return calls[best], best
 
 
 def triton_compiled(a: torch.Tensor, b: torch.Tensor) -> Any:
