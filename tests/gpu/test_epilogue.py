@@ -296,27 +296,32 @@ def test_swiglu_retimes_our_fastest_choices_in_rounds(caplog):
     assert len(timed) == 2 and timed[kept] == min(timed.values())
 
 
-def test_swiglu_takes_the_retimed_winner_over_a_mistimed_one(monkeypatch):
+def test_swiglu_takes_the_retimed_winner_over_a_mistimed_one(monkeypatch, caplog):
     """The op's autotuning misranks (the 64x32 tile's timing read as 100x faster than it
     ran): the retiming keeps the 128x128 kernel, the only SwiGLU kernel in the output code,
     the misranked one's node left unused and dropped."""
     from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
     from cutedsl_inductor.templates.gemm import template
 
-    slow = dict(tile_m=64, tile_n=32, cooperative=False, raster="n", swiglu="b")
+    slow = dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct",
+                swiglu="b")
     fast = dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m",
                 swiglu="b")
     monkeypatch.setattr(template, "swiglu_configs", lambda *args, **kwargs: [slow, fast])
-    timed = CuteDSLTemplateCaller.benchmark
+    measured = CuteDSLTemplateCaller.benchmark
 
     def misranked(self, *args, out):
-        ms = timed(self, *args, out=out)
+        ms = measured(self, *args, out=out)
         return ms / 100 if self.params["TILE_N"] == 32 else ms
 
     monkeypatch.setattr(CuteDSLTemplateCaller, "benchmark", misranked)
     fn = lambda x, w1, w3: F.silu(x @ w1.t()) * (x @ w3.t())  # noqa: E731
     x, w1, w3 = randn(2048, 1024), randn(2048, 1024), randn(2048, 1024)
-    result, code = compiled_with_fusion(fn, x, w1, w3)
+    with caplog.at_level("DEBUG", logger="cutedsl_inductor.inductor.swiglu"):
+        result, code = compiled_with_fusion(fn, x, w1, w3)
+    (record,) = [r for r in caplog.records if "retimed in rounds" in r.getMessage()]
+    timed, kept = record.args
+    assert len(timed) == 2 and "TILE_N=128" in kept
     assert code.count("'SWIGLU':") == 1 and "'TILE_N': 128" in code
     assert "'TILE_N': 32" not in code
     assert relative_error(result, fn(x, w1, w3)) < 1e-2
