@@ -24,11 +24,13 @@ def pytest_collection_modifyitems(config, items):
 def kernel_cache_dir(tmp_path, monkeypatch):
     """A fresh disk cache and an empty in-process cache for every test."""
     from cutedsl_inductor import config
+    from cutedsl_inductor.autotune import retime
     from cutedsl_inductor.compile import compiler
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
     monkeypatch.setattr(config, "compile_workers", 0)  # tests/compile/test_workers.py: > 0
     monkeypatch.setattr(compiler, "_COMPILED", {})
+    monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
     monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     return tmp_path / "kernels"

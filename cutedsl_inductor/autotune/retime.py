@@ -7,27 +7,33 @@ other are ranked by when they ran as much as by their speed. On the H200, SwiGLU
 1024x128256x4096 took a 128x128 kernel that one pass timed 2% ahead of a 256x96 one,
 which five interleaved rounds had 3-7% behind. ``fastest_in_rounds`` times a few
 candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.interleaved_ms``, as the
-benchmarks do), the median round counting.
+benchmarks do), the median round counting; a repeat of the same candidates at the same
+sizes (a model's next layer) takes the first one's winner untimed.
 
 ``recording_timings`` catches the timings an autotuning ends with, whether measured or
 read from Inductor's autotune cache: it installs a feedback saver (Inductor's public
 hook, called with every autotuning's timings) for the duration of a ``with`` block only.
 
-Failure semantics: ``fastest_in_rounds`` raises what a candidate's load or first run
-raises; callers keep Inductor's pick then.
+Failure semantics: ``choice_calls`` raises what a candidate's load or first run raises;
+callers keep Inductor's pick then.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from ..bench.timing import interleaved_ms
 
 # Interleaved timing rounds of retimed candidates (their median counts).
 RETIME_ROUNDS = 3
+# The winners of this process's retimings, by (the candidates' binaries, the sizes they
+# ran at). A model's layers repeat a node: each repeat takes the first one's winner
+# untimed, as Inductor's own autotuning is cached within a process, and the repeats
+# share one kernel. A name among the candidates is all it ever returns.
+_WINNERS: dict[tuple, str] = {}
 
 
 class TimingsRecord:
@@ -53,11 +59,25 @@ def recording_timings() -> Iterator[TimingsRecord]:
         cache.feedback_saver_fns.remove(record)
 
 
-def fastest_in_rounds(choices: list[Any]) -> tuple[Any, dict[Any, float]]:
-    """The fastest of ``choices`` (CuteDSL choices of one node) by median round, and each
-    one's median (ms). They run on random tensors made from their requests' argument
-    metas (``example_tensor``: the candidates share them, so each operand is allocated
-    once)."""
+def fastest_in_rounds(calls: dict[str, Callable[[], Any]],
+                      sizes: Hashable) -> tuple[str, dict[str, float]]:
+    """The name of the fastest of ``calls`` (each named by the binary it runs) by median
+    round, and each one's median (ms); the medians are empty where an earlier retiming in
+    this process, of the same binaries at the same ``sizes``, decided (``_WINNERS``)."""
+    key = (tuple(sorted(calls)), sizes)
+    if key in _WINNERS:
+        return _WINNERS[key], {}
+    medians = {name: statistics.median(rounds)
+               for name, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
+    _WINNERS[key] = min(medians, key=medians.__getitem__)
+    return _WINNERS[key], medians
+
+
+def choice_calls(choices: list[Any]) -> tuple[dict[str, Callable[[], Any]], Hashable]:
+    """Calls of ``choices`` (CuteDSL choices of one node), each named by its binary
+    (``hash_key``) and run once (a failing kernel raises here), on random tensors made
+    from their requests' argument metas (``example_tensor``: shared, so each operand is
+    allocated once); and the sizes they run at."""
     tensors: dict[tuple, Any] = {}
     calls = {}
     for choice in choices:
@@ -65,11 +85,9 @@ def fastest_in_rounds(choices: list[Any]) -> tuple[Any, dict[Any, float]]:
         call = request.make_run_fn(
             *(example_tensor(meta, tensors) for meta in request.input_tensor_meta),
             out=example_tensor(request.output_tensor_meta, tensors))
-        call()  # a failing kernel raises here, before any timing
-        calls[choice] = call
-    medians = {choice: statistics.median(rounds)
-               for choice, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
-    return min(medians, key=medians.__getitem__), medians
+        call()
+        calls[choice.hash_key()] = call
+    return calls, tuple(sorted(str(key[1:]) for key in tensors))  # not the buffers' names
 
 
 def example_tensor(meta: Any, tensors: dict[tuple, Any]) -> Any:

@@ -22,7 +22,9 @@ timed on example inputs (on the GPU; the swap is that of the buffer's kernel ren
 parameters, which are all that differ between our choices of one node), in interleaved
 rounds (``bench.timing.interleaved_ms``: the clock drifting under the power cap reaches
 every candidate alike; fused kernels of one node often differ by 1-2%, as much as one
-timing moves), and the fastest fused kernel (median round) is kept.
+timing moves), and the fastest fused kernel (median round) is kept
+(``autotune/retime.py``; a repeat of the same fused kernels at the same sizes, a model's
+next layer, takes the first one's winner untimed).
 
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.
@@ -32,8 +34,8 @@ timed, our plain-time winner stays.
 
 from __future__ import annotations
 
+import functools
 import logging
-import statistics
 from typing import Any, Callable
 
 import torch
@@ -42,8 +44,7 @@ from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
 
 from .. import config
-from ..autotune.retime import RETIME_ROUNDS
-from ..bench.timing import interleaved_ms
+from ..autotune.retime import fastest_in_rounds
 from ..template.caller import CuteDSLTemplateCaller
 
 log = logging.getLogger(__name__)
@@ -121,22 +122,26 @@ def retime_with_epilogue(node: SchedulerNode, timings: dict[Any, float]) -> None
     if len(candidates) < 2 or len(consumers) != 1 or not torch.cuda.is_available():
         return
     scheduling = CuteDSLScheduling(node.scheduler)
-    calls: dict[Any, Callable[[], Any]] = {}
+    calls: dict[str, Callable[[], Any]] = {}  # by fused kernel name
+    choice_of: dict[str, Any] = {}
     tensors: dict[tuple, torch.Tensor] = {}  # example inputs, shared by the candidates
     for choice in candidates:
         use_choice(node.node, choice)
         try:
             plan = scheduling.epilogue_plan([node, consumers[0]])  # compiles it, or None
             if plan is not None:
-                calls[choice] = fused_kernel_call(node.node, plan, tensors)
+                name, call = fused_kernel_call(node.node, plan, tensors)
+                calls[name], choice_of[name] = call, choice
         except Exception as err:  # this candidate is skipped, never a crash
             log.warning("not timing %s with its epilogue: %s", choice.description, err)
-    fused_ms = {choice: statistics.median(rounds)
-                for choice, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
-    best = min(fused_ms, key=fused_ms.__getitem__) if fused_ms else candidates[0]
-    use_choice(node.node, best)
+    if not calls:
+        use_choice(node.node, candidates[0])
+        return
+    best, fused_ms = fastest_in_rounds(calls, tuple(sorted(map(str, tensors))))
+    use_choice(node.node, choice_of[best])
     log.debug("%s with its epilogue: %s; kept %s", node.get_name(),
-              {c.description: round(ms, 4) for c, ms in fused_ms.items()}, best.description)
+              {choice_of[k].description: round(ms, 4) for k, ms in fused_ms.items()}
+              or "as the earlier retiming of these kernels", choice_of[best].description)
 
 
 def retime_candidates(ours: list[Any], count: int) -> list[Any]:
@@ -161,11 +166,12 @@ def use_choice(buffer: Any, choice: CuteDSLTemplateCaller) -> None:
 
 
 def fused_kernel_call(buffer: Any, plan: Any,
-                      tensors: dict[tuple, torch.Tensor]) -> Callable[[], Any]:
-    """A call of ``buffer``'s kernel with ``plan`` fused on random example tensors shaped
-    like its arguments (size hints; taken from, or added to, ``tensors`` by position,
-    size, stride, dtype and device: candidates for one node share them, no two
-    arguments of one call alias), run once here so that a failing kernel raises now."""
+                      tensors: dict[tuple, torch.Tensor]) -> tuple[str, Callable[[], Any]]:
+    """The name of ``buffer``'s kernel with ``plan`` fused, and a call of it on random
+    example tensors shaped like its arguments (size hints; taken from, or added to,
+    ``tensors`` by position, size, stride, dtype and device: candidates for one node share
+    them, no two arguments of one call alias), run once here so that a failing kernel
+    raises now."""
     from torch._dynamo.testing import rand_strided
 
     from ..runtime.loader import load_kernel
@@ -180,13 +186,13 @@ def fused_kernel_call(buffer: Any, plan: Any,
         if not isinstance(n, ir.IRNode):
             args.append(V.graph.sizevars.optimization_hint(n))
             continue
-        key = (position, hints(n.get_size()), hints(n.get_stride()), n.get_dtype(),
-               n.get_device())
+        key = (position, tuple(hints(n.get_size())), tuple(hints(n.get_stride())),
+               n.get_dtype(), n.get_device())
         if key not in tensors:
             tensors[key] = rand_strided(*key[1:3], dtype=key[3], device=key[4])
         args.append(tensors[key])
     runner.run(*args)
-    return lambda: runner.run(*args)
+    return name, functools.partial(runner.run, *args)
 
 
 def pointwise_consumers(node: Any) -> list[Any]:

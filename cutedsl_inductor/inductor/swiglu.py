@@ -105,7 +105,7 @@ def retimed_winner(timings: dict[Any, float]) -> Any:
     choices timed again in interleaved rounds (``autotune/retime.py``), if it is not the
     winner; else None (also where that retiming fails: the winner stays)."""
     from .. import config
-    from ..autotune.retime import fastest_in_rounds
+    from ..autotune.retime import choice_calls, fastest_in_rounds
     from ..template.caller import CuteDSLTemplateCaller
 
     ours = sorted((c for c, ms in timings.items()
@@ -115,12 +115,16 @@ def retimed_winner(timings: dict[Any, float]) -> Any:
     if len(candidates) < 2 or not torch.cuda.is_available():
         return None
     try:
-        best, medians = fastest_in_rounds(candidates)
+        calls, sizes = choice_calls(candidates)
     except Exception as err:  # keep the winner, never a crash
         log.warning("SwiGLU: kept %s, not retimed: %s", candidates[0].description, err)
         return None
+    by_binary = {c.hash_key(): c for c in candidates}
+    best_binary, medians = fastest_in_rounds(calls, sizes)
+    best = by_binary[best_binary]
     log.debug("SwiGLU retimed in rounds: %s; kept %s",
-              {c.description: round(ms, 4) for c, ms in medians.items()}, best.description)
+              {by_binary[b].description: round(ms, 4) for b, ms in medians.items()}
+              or "as the earlier retiming of these configs", best.description)
     return best if best is not candidates[0] else None
 
 

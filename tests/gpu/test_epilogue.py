@@ -325,3 +325,25 @@ def test_swiglu_takes_the_retimed_winner_over_a_mistimed_one(monkeypatch, caplog
     assert code.count("'SWIGLU':") == 1 and "'TILE_N': 128" in code
     assert "'TILE_N': 32" not in code
     assert relative_error(result, fn(x, w1, w3)) < 1e-2
+
+
+def test_a_repeated_layer_takes_the_first_layers_retimed_winner(caplog):
+    """Two layers of one shape (their own weights): the first layer's fused candidates
+    and SwiGLU configs are timed in rounds, the second's take those winners untimed."""
+    def fn(x, w1, b1, w2, b2, g1, u1, g2, u2):
+        return (F.gelu(x @ w1.t() + b1), F.gelu(x @ w2.t() + b2),
+                F.silu(x @ g1.t()) * (x @ u1.t()), F.silu(x @ g2.t()) * (x @ u2.t()))
+
+    x = randn(1024, 1024)
+    args = (x, randn(2048, 1024), randn(2048), randn(2048, 1024), randn(2048),
+            *(randn(2048, 1024) for _ in range(4)))
+    with caplog.at_level("DEBUG", logger="cutedsl_inductor.inductor"):
+        results, code = compiled_with_fusion(fn, *args)
+    for result, ref in zip(results, fn(*args)):
+        assert relative_error(result, ref) < 1e-2
+    for marker in ("with its epilogue", "SwiGLU retimed in rounds"):
+        timings = [r.args[-2] for r in caplog.records if marker in r.getMessage()]
+        assert len(timings) == 2, marker
+        assert isinstance(timings[0], dict) and len(timings[0]) == 2
+        assert timings[1] == "as the earlier retiming of these " + (
+            "kernels" if marker == "with its epilogue" else "configs")
