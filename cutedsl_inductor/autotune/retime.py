@@ -14,8 +14,8 @@ sizes (a model's next layer) takes the first one's winner untimed.
 read from Inductor's autotune cache: it installs a feedback saver (Inductor's public
 hook, called with every autotuning's timings) for the duration of a ``with`` block only.
 
-Failure semantics: ``choice_calls`` raises what a candidate's load or first run raises;
-callers keep Inductor's pick then.
+Failure semantics: ``choice_calls`` and ``fastest_in_rounds`` raise what a candidate's
+load or runs raise; callers keep Inductor's pick then.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class TimingsRecord:
 
 @contextlib.contextmanager
 def recording_timings() -> Iterator[TimingsRecord]:
+    """A ``TimingsRecord`` installed as a feedback saver for the ``with`` block."""
     from torch._inductor import select_algorithm
 
     cache = select_algorithm.get_algorithm_selector_cache()

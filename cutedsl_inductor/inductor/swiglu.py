@@ -115,12 +115,11 @@ def retimed_winner(timings: dict[Any, float]) -> Any:
     if len(candidates) < 2 or not torch.cuda.is_available():
         return None
     try:
-        calls, sizes = choice_calls(candidates)
+        best_binary, medians = fastest_in_rounds(*choice_calls(candidates))
     except Exception as err:  # keep the winner, never a crash
         log.warning("SwiGLU: kept %s, not retimed: %s", candidates[0].description, err)
         return None
     by_binary = {c.hash_key(): c for c in candidates}
-    best_binary, medians = fastest_in_rounds(calls, sizes)
     best = by_binary[best_binary]
     log.debug("SwiGLU retimed in rounds: %s; kept %s",
               {by_binary[b].description: round(ms, 4) for b, ms in medians.items()}
