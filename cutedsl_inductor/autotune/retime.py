@@ -6,7 +6,7 @@ the GPU's clock drifts under the power cap meanwhile, so choices within 2-3% of 
 other are ranked by when they ran as much as by their speed. On the H200, SwiGLU at
 1024x128256x4096 took a 128x128 kernel that one pass timed 2% ahead of a 256x96 one,
 which five interleaved rounds had 3-7% behind. ``fastest_in_rounds`` times a few
-candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.interleaved_ms``, as the
+candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.fastest_by_median``, as the
 benchmarks do), the median round counting; a repeat of the same candidates at the same
 sizes (a model's next layer) takes the first one's winner untimed.
 
@@ -21,11 +21,10 @@ load or runs raise; callers keep Inductor's pick then.
 from __future__ import annotations
 
 import contextlib
-import statistics
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from ..bench.timing import interleaved_ms
+from ..bench.timing import fastest_by_median
 
 # Interleaved timing rounds of retimed candidates (their median counts).
 RETIME_ROUNDS = 3
@@ -68,9 +67,7 @@ def fastest_in_rounds(calls: dict[str, Callable[[], Any]],
     key = (tuple(sorted(calls)), sizes)
     if key in _WINNERS:
         return _WINNERS[key], {}
-    medians = {name: statistics.median(rounds)
-               for name, rounds in interleaved_ms(calls, RETIME_ROUNDS).items()}
-    _WINNERS[key] = min(medians, key=medians.__getitem__)
+    _WINNERS[key], medians = fastest_by_median(calls, RETIME_ROUNDS)
     return _WINNERS[key], medians
 
 

@@ -25,13 +25,12 @@ import argparse
 import csv
 import functools
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .timing import interleaved_ms, tflops_and_ratios
+from .timing import fastest_by_median, interleaved_ms, tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -95,9 +94,7 @@ def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
             print(f"  config failed: {choice.description}: {err}")
     if not calls:
         raise AssertionError(f"no config ran correctly at {m}x{n}x{a.shape[1]}")
-    medians = {name: statistics.median(rounds)
-               for name, rounds in interleaved_ms(calls, PICK_ROUNDS).items()}
-    best = min(medians, key=medians.__getitem__)
+    best, _ = fastest_by_median(calls, PICK_ROUNDS)
     return calls[best], best
 
 

@@ -6,8 +6,9 @@ calls captured in a CUDA graph and replayed: GPU time only, as under
 ``interleaved_ms`` compares several functions: it times each once per round, in turn,
 so that the GPU's clock and temperature drifting over a run reach every function alike,
 and keeps every round's median (their median is the figure; their spread shows how far
-one comparison moves between rounds); ``tflops_and_ratios`` turns those rounds into the
-benchmarks' rates and ratio ranges.
+one comparison moves between rounds); ``fastest_by_median`` picks the fastest by its
+median round; ``tflops_and_ratios`` turns the rounds into the benchmarks' rates and ratio
+ranges.
 
 ``captured`` records a call of a function in a CUDA graph, so that functions compiled
 under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
@@ -42,6 +43,14 @@ def interleaved_ms(fns: dict[Any, Any], rounds: int, rep: int = 50) -> dict[Any,
         for name, fn in fns.items():
             times[name].append(median_ms(fn, rep=rep))
     return times
+
+
+def fastest_by_median(fns: dict[Any, Any], rounds: int) -> tuple[Any, dict[Any, float]]:
+    """The name of the fastest of ``fns`` by median ``interleaved_ms`` round, and each
+    one's median round (ms)."""
+    medians = {name: statistics.median(per_round)
+               for name, per_round in interleaved_ms(fns, rounds).items()}
+    return min(medians, key=medians.__getitem__), medians
 
 
 def tflops_and_ratios(times: dict[str, list[float]], flops: float,
