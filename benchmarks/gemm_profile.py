@@ -7,10 +7,11 @@
             t128x256x64_c2x1_coop_rm t256x128x64_c1x2_coop_rn
 
 Each kernel runs twice, in the order cuBLAS, then the configs named (``config_name``, among
-the heuristic's first ``--ranked`` candidates at that shape), so that skipping the first
-round (``--launch-skip`` = 1 + number of configs) profiles warm launches of each.  ncu
-locks the SM clock (``--clock-control base``, its default): its cycle counts compare the
-kernels' schedules without the power cap that moves clocks in timed runs.
+the heuristic's first ``--ranked`` candidates at that shape or their ``--variant`` copies,
+as in ``gemm_sweep.py``), so that skipping the first round (``--launch-skip`` = 1 + number
+of configs) profiles warm launches of each.  ncu locks the SM clock (``--clock-control
+base``, its default): its cycle counts compare the kernels' schedules without the power cap
+that moves clocks in timed runs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.gemm_sweep import sweep_choices  # noqa: E402
+from benchmarks.gemm_sweep import parse_variant, sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
 from cutedsl_inductor.templates.gemm.sm90_gemm import config_name  # noqa: E402
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("layout", choices=("nt", "nn"))
     parser.add_argument("configs", nargs="+", metavar="CONFIG_NAME")
     parser.add_argument("--ranked", type=int, default=8, metavar="N")
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                        metavar="KEY=VALUE,...")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -45,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     a, b = operands(m, n, k, torch.bfloat16, args.layout)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     with config.patch(arch="sm_90a", disk_cache=True):
-        runs = {config_name(cfg): choice.load().run
-                for cfg, _, choice in sweep_choices(m, n, k, args.layout, [], args.ranked)}
+        choices = sweep_choices(m, n, k, args.layout, args.variant, args.ranked)
+        runs = {config_name(cfg): choice.load().run for cfg, _, choice in choices}
     missing = [name for name in args.configs if name not in runs]
     if missing:
         print(f"not among the first {args.ranked} candidates: {missing}; ranked: {list(runs)}")
