@@ -227,4 +227,7 @@ def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):
         # the median rounds' ratio lies within the rounds' range (to rounding: with two
         # rounds it is a ratio of their means, a different division)
         assert 0 < low <= mid * (1 + 1e-12) and mid <= high * (1 + 1e-12)
+        # the ceiling: max-autotune's median time over the cuBLAS GEMMs' alone
+        ceiling = float(row["gemm_alone"]) / float(row["max_autotune"])
+        assert float(row["ceiling"]) == pytest.approx(ceiling) and ceiling > 0
     assert "blocks (in every round on" in run.stdout
