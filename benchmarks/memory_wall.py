@@ -31,7 +31,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cutedsl_inductor.bench.gemm import (  # noqa: E402
-    operands, ours_best, parse_shapes, triton_compiled)
+    operands, ours_best, parse_rounds, parse_shapes, triton_compiled)
 from cutedsl_inductor.bench.timing import fastest_by_median, interleaved_ms  # noqa: E402
 
 READ_CONFIGS = [(block, steps, warps) for block in (2048, 8192) for steps in (4, 16)
@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--shapes", type=parse_shapes,
                         default=parse_shapes("16x128256x4096,64x128256x4096"))
     parser.add_argument("--layouts", default="nt,nn")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=parse_rounds, default=5)
     args = parser.parse_args()
     print(f"{'M':>4} {'N':>7} {'K':>5} {'B':>3}  {'wall TB/s':>9}  "
           "TB/s (of the wall): ours, cuBLAS, Triton   read config; our config", flush=True)

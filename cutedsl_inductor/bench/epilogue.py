@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench epilogue needs an sm_90 GPU")
         return 2
     print(f"{'block':24s} {'M':>5} {'N':>6} {'K':>5} {'ours':>7} {'default':>8} "
-          f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'rounds':>9} {'ceiling':>8} {'fused':>6}   "
+          f"{'max-at':>7} {'/default':>9} {'/max-at':>8} {'rounds':>9} {'ceiling':>8} "
+          f"{'fused':>6}   "
           "our configs (TFLOP/s)", flush=True)
     rows = []
     index, count = args.shard
