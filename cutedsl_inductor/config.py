@@ -106,5 +106,6 @@ _KNOBS = (
 def snapshot() -> dict[str, Any]:
     """The knobs that change generated code or binaries (goes into cache keys)."""
     return {"entry_suffix": entry_suffix, "compile_options": compile_options,
-            "epilogue_fusion": epilogue_fusion,
+            "arch": arch, "gemm_max_configs": gemm_max_configs,
+            "gemm_exhaustive": gemm_exhaustive, "epilogue_fusion": epilogue_fusion,
             "fused_choice_candidates": fused_choice_candidates}

@@ -1,20 +1,57 @@
-"""The README's quick-start template renders and compiles (GPU-less for sm_90a)."""
+"""The README's quick start: its template renders and compiles (GPU-less for sm_90a), and
+its whole code runs as written on a GPU; without one (CPU tensors) it ends in an error
+that says why, naming the template."""
 
+import os
 import re
-import tvm_ffi
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+import tvm_ffi
 
 from cutedsl_inductor import CuteDSLTemplate
 from tests.helpers import make_input, make_layout
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def quick_start_code():
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+               if "SRC = r'''" in block]
+    return code
+
+
+def run_quick_start(code, tmp_path):
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_quick_start_template_compiles(graph):
-    source = re.search(r"SRC = r'''(.*?)'''", README.read_text(), re.S).group(1)
+    source = re.search(r"SRC = r'''(.*?)'''", quick_start_code(), re.S).group(1)
     template = CuteDSLTemplate("readme_add", source)
     inputs = [make_input(graph, "arg0_1", (100, 30)), make_input(graph, "arg1_1", (100, 30))]
     for threads in (128, 256, 512):
         choice = template.generate(input_nodes=inputs, layout=make_layout((100, 30)),
                                    THREADS_PER_BLOCK=threads)
         assert isinstance(choice.load().kernel_fn, tvm_ffi.Function)
+
+
+def test_quick_start_on_cpu_tensors_says_why_it_cannot_run(tmp_path):
+    code = quick_start_code()
+    assert 'device="cuda"' in code
+    run = run_quick_start(code.replace('device="cuda"', 'device="cpu"'), tmp_path)
+    assert run.returncode != 0
+    for threads in (128, 256, 512):  # each choice dropped, with the template and reason
+        assert re.search(rf"'my_add'.*THREADS_PER_BLOCK={threads}.*on cpu.*CUDA GPUs only",
+                         run.stderr)
+    assert "no choice to select from for 'my_add'" in run.stderr
+
+
+@pytest.mark.gpu
+def test_quick_start_runs_as_written(tmp_path):
+    run = run_quick_start(quick_start_code(), tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]

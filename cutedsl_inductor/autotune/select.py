@@ -22,8 +22,15 @@ from typing import Any
 
 def autotune_select_algorithm(name: str, choices: list[Any], input_nodes: list[Any],
                               layout: Any, **kwargs: Any) -> Any:
+    """Inductor's ``autotune_select_algorithm``; with no choice left, its
+    ``NoValidChoicesError`` says so (Inductor's own has no message)."""
     from torch._inductor import select_algorithm
 
+    if not choices:
+        raise select_algorithm.NoValidChoicesError(
+            f"no choice to select from for {name!r}: every CuteDSL choice was dropped (the "
+            "'dropping CuteDSL choice' warnings say why); give the lowering a fallback "
+            "choice, e.g. an ATen ExternKernelChoice, for inputs its templates cannot take")
     selected = select_algorithm.autotune_select_algorithm(name, choices, input_nodes, layout,
                                                           **kwargs)
     return selected[0] if isinstance(selected, tuple) else selected

@@ -28,6 +28,10 @@ next layer, takes the first one's winner untimed).
 
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.
+The pass is a custom pass of Inductor's kind (``uuid``: our versions and the knobs that
+change generated code, ``cache_key.package_fingerprint``), so the FX graph cache keeps
+working with it installed; a plain callable set before ours, which Inductor cannot key,
+is left alone and ours not installed (a warning says so).
 A candidate whose fused kernel fails to compile or run is skipped (logged); if none is
 timed, our plain-time winner stays.
 """
@@ -39,6 +43,7 @@ import logging
 from typing import Any, Callable
 
 import torch
+from torch._inductor import config as inductor_config
 from torch._inductor import ir
 from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
@@ -46,22 +51,30 @@ from torch._inductor.virtualized import V
 from .. import config
 from ..autotune.retime import fastest_in_rounds
 from ..template.caller import CuteDSLTemplateCaller
+from .cache_key import package_fingerprint
+
+try:  # torch 2.13 keys a scheduler pass of this kind into the FX graph cache
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass as SchedulerPass
+except ImportError:  # torch 2.11 and 2.12 key it as a graph pass
+    from torch._inductor.custom_graph_pass import CustomGraphPass as SchedulerPass
 
 log = logging.getLogger(__name__)
 
-NodePass = Callable[[list[Any]], list[Any]]
 
-
-class PreFusionPass:
+class PreFusionPass(SchedulerPass):
     """Our pre-fusion step, chained before the pass that was installed earlier."""
 
-    def __init__(self, previous: NodePass | None) -> None:
+    def __init__(self, previous: SchedulerPass | None) -> None:
         self.previous = previous
 
     def __call__(self, nodes: list[Any]) -> list[Any]:
         if config.epilogue_fusion:
             finalize_cutedsl_winners(nodes)
         return self.previous(nodes) if self.previous is not None else nodes
+
+    def uuid(self) -> Any:
+        previous = self.previous.uuid() if self.previous is not None else None
+        return package_fingerprint("PreFusionPass", previous)
 
 
 def finalize_cutedsl_winners(nodes: list[Any]) -> None:
@@ -219,8 +232,12 @@ def fusion_saving_ms(node: Any) -> float:
 
 
 def install_pre_fusion_pass() -> None:
-    from torch._inductor import config as inductor_config
-
     current = inductor_config._pre_fusion_custom_pass
-    if not isinstance(current, PreFusionPass):
-        inductor_config._pre_fusion_custom_pass = PreFusionPass(current)
+    if isinstance(current, PreFusionPass):
+        return
+    if current is not None and not isinstance(current, SchedulerPass):
+        log.warning("torch._inductor.config._pre_fusion_custom_pass is a plain callable, "
+                    "which the FX graph cache cannot key: CuteDSL's pre-fusion step is not "
+                    "installed, so epilogues do not fuse into deferred max-autotune choices")
+        return
+    inductor_config._pre_fusion_custom_pass = PreFusionPass(current)

@@ -150,6 +150,9 @@ class CuteDSLScheduling(BaseScheduling):
         node_schedule: list[Any],
     ) -> str:
         wrapper = V.graph.wrapper_code
+        # One definition per source: the source holds the kernel's name, which hashes the
+        # argument specs too (``name_kernel``), so a call site that finds its source here
+        # meets the specs of the binary it reuses.
         if source in wrapper.src_to_kernel:
             return wrapper.src_to_kernel[source]
         wrapper.src_to_kernel[source] = kernel_name
@@ -169,9 +172,10 @@ def render_kernel(buffer: CuteDSLTemplateBuffer,
                   plan: EpiloguePlan) -> tuple[Any, str, str, list[ArgSpec]]:
     """(kernel, name, source, argument specs) of ``buffer``'s template with ``plan``."""
     kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
-    kernel_name, source = name_kernel(buffer.template.name, render())
-    return kernel, kernel_name, source, specs_for_nodes(kernel.arg_nodes(),
-                                                        buffer.template.symbolic_shapes)
+    rendered = render()
+    specs = specs_for_nodes(kernel.arg_nodes(), buffer.template.symbolic_shapes)
+    kernel_name, source = name_kernel(buffer.template.name, rendered, specs)
+    return kernel, kernel_name, source, specs
 
 
 def kernel_definition(

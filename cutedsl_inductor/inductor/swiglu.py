@@ -255,10 +255,14 @@ class SwiGLUPass(CustomGraphPass):
             self.previous(graph)
 
     def uuid(self) -> Any:
+        """None (Inductor then bypasses its FX graph cache, as for that pass alone) where
+        the pass before ours is a plain callable, which has no identity to key on."""
         from .cache_key import package_fingerprint
 
-        previous = self.previous.uuid() if self.previous is not None else None
-        return package_fingerprint("SwiGLUPass", previous)
+        if self.previous is None:
+            return package_fingerprint("SwiGLUPass", None)
+        previous = getattr(self.previous, "uuid", None)
+        return package_fingerprint("SwiGLUPass", previous()) if previous else None
 
 
 def install_swiglu() -> None:

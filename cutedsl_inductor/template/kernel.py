@@ -11,7 +11,8 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 Without it the entry is plain Python called with torch
                                 tensors and the stream (upstream style).
   ``{{input_nodes}}``, ``{{output_node}}``  the IR nodes
-  ``{{gen_defines()}}``         the choice's parameters as ``NAME: cutlass.Constexpr = v``
+  ``{{gen_defines()}}``         the choice's parameters as ``NAME: cutlass.Constexpr = v``,
+                                one per line, at the indentation of the line it is on
   ``{{get_output()}}``          the entry's name for the output tensor
   ``{{size("a", 0)}}``, ``{{stride("a", 1)}}``  sizes/strides as Python expressions
                                 (an int, or Inductor's symbol for dynamic shapes)
@@ -27,8 +28,9 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 its loads out of the pair loads: the template fills it
 
 Invariants: rendering is pure (no global counters); the same template, parameters and
-input layouts give the same text. ``def_kernel`` is a placeholder filled in by
-``finalize`` once every argument is known, so hooks may be used in any order.
+input layouts give the same text. ``def_kernel`` and ``gen_defines`` are placeholders
+that ``render`` fills in, at their line's indentation, once every argument is known, so
+hooks may be used in any order and at any indentation.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ from torch._inductor.codegen.common import Kernel
 from torch._inductor.virtualized import V
 
 from .. import config
+from ..compile.specs import ArgSpec, specs_key
 from .defines import gen_defines
 from .epilogue import IDENTITY, EpiloguePlan
 
 DEF_KERNEL_PLACEHOLDER = "<DEF_KERNEL>"
+GEN_DEFINES_PLACEHOLDER = "<GEN_DEFINES>"
 KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
 
 IMPORTS = """\
@@ -60,12 +64,28 @@ from cutlass.cute.runtime import from_dlpack
 """
 
 
-def name_kernel(template_name: str, rendered: str) -> tuple[str, str]:
-    """(kernel name, final source) for source rendered with the name placeholder: the
-    name carries the hash of the rendered text, so it is the same in every process."""
-    digest = hashlib.sha256(rendered.encode()).hexdigest()[:12]
+def name_kernel(template_name: str, rendered: str, specs: list[ArgSpec]) -> tuple[str, str]:
+    """(kernel name, final source) for source rendered with the name placeholder, whose
+    entry is compiled for argument ``specs``. The name hashes the rendered text and the
+    specs -- everything the binary is specialized on -- so it is the same in every
+    process, and two call sites share a kernel (one definition in the output code, keyed
+    by its source) only where they share its binary."""
+    material = f"{rendered}\0{specs_key(specs)}"
+    digest = hashlib.sha256(material.encode()).hexdigest()[:12]
     name = f"cutedsl_{template_name}_{digest}"
     return name, rendered.replace(KERNEL_NAME_PLACEHOLDER, name)
+
+
+def fill_placeholder(text: str, placeholder: str, block: str) -> str:
+    """``text`` with ``placeholder`` replaced by ``block``, every line of the block after
+    the first indented as the line the placeholder stands on: a hook rendered inside a
+    function body stays inside it."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if placeholder in line:
+            indent = line[:len(line) - len(line.lstrip())]
+            lines[index] = line.replace(placeholder, block.replace("\n", "\n" + indent))
+    return "\n".join(lines)
 
 
 def entry_name(kernel_name: str) -> str:
@@ -128,7 +148,8 @@ class CuteDSLTemplateKernel(Kernel):
         return DEF_KERNEL_PLACEHOLDER
 
     def gen_defines(self) -> str:
-        return gen_defines(self.params)
+        self._hooks[GEN_DEFINES_PLACEHOLDER] = lambda: gen_defines(self.params).rstrip("\n")
+        return GEN_DEFINES_PLACEHOLDER
 
     def get_output(self) -> str:
         if self.output_node is None:
@@ -194,7 +215,7 @@ class CuteDSLTemplateKernel(Kernel):
             **extra_env,
         )
         for placeholder, hook in self._hooks.items():
-            text = text.replace(placeholder, hook())
+            text = fill_placeholder(text, placeholder, hook())
         # no trailing blanks: the output code re-indents, which would alter such lines
         return "".join(line.rstrip() + "\n" for line in (IMPORTS + text).splitlines())
 

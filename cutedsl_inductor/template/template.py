@@ -12,9 +12,10 @@ reuses the binary compiled while autotuning.
 Registry: template names are global; registering a name again with the same source
 returns quietly, with another source raises ``TemplateRegistryError``.
 
-Failure semantics: ``maybe_append_choice`` returns None or the error. Under Inductor's
-C++ wrapper (cpp_wrapper, AOTInductor) no choice is made: that wrapper cannot launch our
-kernels. Rendering errors (bad Jinja, bad parameter types, invalid Python) are logged at
+Failure semantics: ``maybe_append_choice`` returns None or the error. No choice is made,
+with the reason, for inputs a kernel cannot run on (not on a CUDA device, or a GPU whose
+arch the configured ``config.arch`` does not match) or under Inductor's C++ wrapper
+(cpp_wrapper, AOTInductor), which cannot launch our kernels. Rendering errors (bad Jinja, bad parameter types, invalid Python) are logged at
 warning level with the template, the parameters and the generated file, and returned.
 A choice that fails to compile or run while autotuning is logged the same way and
 benchmarks as ``inf``, so Inductor picks another choice.
@@ -26,9 +27,11 @@ import logging
 from typing import Any, ClassVar
 
 import jinja2
+import torch
 from torch._inductor import ir
 from torch._inductor.virtualized import V
 
+from ..compile.compiler import target_arch
 from ..compile.specs import specs_for_nodes
 from ..exc import (
     ChoiceError,
@@ -102,18 +105,20 @@ class CuteDSLTemplate:
         mutated_inputs: list[Any] | None = None,
         **params: Any,
     ) -> "CuteDSLTemplateCaller":
-        if V.graph.cpp_wrapper:
-            raise ChoiceError(template=self.name, params=format_params(params),
-                              cause=CPP_WRAPPER_UNSUPPORTED)
+        reason = CPP_WRAPPER_UNSUPPORTED if V.graph.cpp_wrapper else unrunnable(input_nodes,
+                                                                                layout)
+        if reason is not None:
+            raise ChoiceError(template=self.name, params=format_params(params), cause=reason)
         input_nodes = [_fixed(node) for node in input_nodes]
         fake_output = ir.Buffer(name="buf_out", layout=layout)
         kernel = CuteDSLTemplateKernel(
             KERNEL_NAME_PLACEHOLDER, input_nodes, fake_output, params
         )
-        kernel_name, source = name_kernel(self.name, self.render(kernel))
-        _check_python(self.name, params, source)
+        rendered = self.render(kernel)
         nodes = kernel.arg_nodes()
         specs = specs_for_nodes(nodes, self.symbolic_shapes)
+        kernel_name, source = name_kernel(self.name, rendered, specs)
+        _check_python(self.name, params, source)
         hint = V.graph.sizevars.optimization_hint
         extra_args = [hint(n) for n in nodes if not hasattr(n, "get_size")]
         return CuteDSLTemplateCaller(
@@ -128,6 +133,22 @@ class CuteDSLTemplate:
             input_views=[InputView.of(node) for node in input_nodes],
             mutated_inputs=mutated_inputs,
         )
+
+
+def unrunnable(input_nodes: list[Any], layout: ir.Layout) -> str | None:
+    """Why no CuteDSL kernel can run on these inputs and output here, or None."""
+    devices = [node.get_device() for node in input_nodes] + [layout.device]
+    elsewhere = sorted({str(d) for d in devices if d is None or d.type != "cuda"})
+    if elsewhere:
+        return (f"its inputs or output are on {', '.join(elsewhere)}; CuteDSL kernels run on "
+                "CUDA GPUs only")
+    arch = target_arch()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(devices[-1])
+        if not arch.startswith(f"sm_{major}{minor}"):
+            return (f"its kernels are compiled for {arch} (cutedsl_inductor.config.arch), "
+                    f"which this GPU (sm_{major}{minor}) cannot run")
+    return None
 
 
 def _fixed(node: Any) -> Any:

@@ -1,3 +1,4 @@
+import ast
 
 import torch
 from torch._inductor.codegen.common import IndentedBuffer, device_codegens, init_backend_registration
@@ -6,7 +7,8 @@ import cutedsl_inductor
 from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
 from cutedsl_inductor.inductor.scheduling import CuteDSLCombinedScheduling, kernel_definition
 from cutedsl_inductor.templates.elementwise import add_template
-from tests.helpers import make_input, make_layout
+from tests.helpers import (kernel_definitions, load_kernels, lowered, make_input, make_layout,
+                           virtual_sm90_max_autotune)
 
 
 def test_install_registers_our_scheduling_for_cuda_only():
@@ -34,23 +36,49 @@ def test_output_code_embeds_the_source_byte_for_byte(graph):
     assert kwargs["params"] == {"THREADS": 128, "DTYPE": torch.float16}
 
 
-GRAPH = torch.fx.symbolic_trace(lambda x: x + 1)
-EXAMPLE = [torch.ones(4)]
+def specs_of(definition):
+    from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
+
+    (specs,) = [k.value for k in definition.value.keywords if k.arg == "specs"]
+    return eval(compile(ast.Expression(specs), "specs", "eval"),
+                {"TensorSpec": TensorSpec, "Sym": Sym, "ScalarSpec": ScalarSpec})
 
 
-def fx_graph_cache_key():
-    from torch._inductor.codecache import compiled_fx_graph_hash
-
-    key, _ = compiled_fx_graph_hash(GRAPH, EXAMPLE, {}, [])
-    return key
+def unit_stride_dims(specs):
+    return [tuple(d for d, s in enumerate(spec.stride) if s == 1) for spec in specs
+            if isinstance(spec, TensorSpec)]
 
 
-def test_fx_graph_cache_key_carries_our_versions(monkeypatch):
-    from cutedsl_inductor.compile import compiler
+def test_gemms_whose_operands_differ_in_layout_get_a_kernel_each(monkeypatch):
+    """One shape, one config (one rendered text), two layouts of B: two binaries, so two
+    kernels in the output code, each called with the layouts it was compiled for."""
+    with virtual_sm90_max_autotune(monkeypatch, "CUTEDSL", gemm_max_configs=1), \
+            lowered(lambda x, w: (x @ w, x @ w.t()), (256, 256), (256, 256)) as graph:
+        code = graph.codegen()[0].value
+    definitions = kernel_definitions(code)
+    assert len(definitions) == 2
+    assert sorted(map(unit_stride_dims, map(specs_of, definitions))) == [
+        [(1,), (0,), (1,)], [(1,), (1,), (1,)]]
+    names = [d.targets[0].id for d in definitions]
+    assert all(f"{name}.run(" in code for name in names)
+    load_kernels(definitions)  # both compile (GPU-less, sm_90a)
 
-    cutedsl_inductor.install()
-    before = fx_graph_cache_key()
-    assert fx_graph_cache_key() == before
-    versions = {**compiler.toolchain_versions(), "cutedsl_inductor": "0.0.0-other"}
-    monkeypatch.setattr(compiler, "toolchain_versions", lambda: versions)
-    assert fx_graph_cache_key() != before
+
+def test_backward_gemms_compile_with_the_layouts_they_are_called_with(monkeypatch):
+    """A linear chain's forward and backward GEMMs (as AOT autograd writes them: the
+    gradients and activations transposed) at one size: one kernel per layout pairing,
+    shared by the calls of that pairing."""
+    def forward_backward(x, w1, w2, grad):
+        h = x @ w1.t()
+        grad_h = grad @ w2
+        return h @ w2.t(), grad.t() @ h, grad_h.t() @ x, grad_h @ w1
+
+    with virtual_sm90_max_autotune(monkeypatch, "CUTEDSL", gemm_max_configs=1), \
+            lowered(forward_backward, *[(256, 256)] * 4) as graph:
+        code = graph.codegen()[0].value
+    definitions = kernel_definitions(code)
+    layouts = sorted(unit_stride_dims(specs_of(d)) for d in definitions)
+    # A and B row-major / B transposed / A transposed: (a, b, out) unit-stride dims
+    assert layouts == [[(0,), (1,), (1,)], [(1,), (0,), (1,)], [(1,), (1,), (1,)]]
+    assert sum(code.count(f"{d.targets[0].id}.run(") for d in definitions) == 6
+    load_kernels(definitions)

@@ -28,9 +28,10 @@ def compile_fused(choice, template_buffer, consumers):
     """Render the chosen template with ``consumers`` fused and compile it."""
     plan = plan_epilogue(template_buffer, consumers)
     kernel, render = choice.make_kernel_render(template_buffer, epilogue=plan)
-    name, source = name_kernel(choice.template.name, render())
-    wrapper = load_kernel(name, source, specs_for_nodes(kernel.arg_nodes(),
-                                                         choice.template.symbolic_shapes))
+    rendered = render()
+    specs = specs_for_nodes(kernel.arg_nodes(), choice.template.symbolic_shapes)
+    name, source = name_kernel(choice.template.name, rendered, specs)
+    wrapper = load_kernel(name, source, specs)
     assert isinstance(wrapper.kernel_fn, tvm_ffi.Function), type(wrapper.kernel_fn)
     return plan, source
 

@@ -60,10 +60,41 @@ def test_call_args_follow_the_signature(graph):
     assert [n.get_name() for n in kernel.arg_nodes()] == ["arg0_1", "arg1_1", "buf0"]
 
 
-def test_kernel_name_comes_from_the_rendered_text():
-    first = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): pass")
-    again = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): pass")
-    other = name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): return 1")
-    assert first == again
-    assert first[0].startswith("cutedsl_add_") and first[0] != other[0]
+def test_kernel_name_covers_the_rendered_text_and_the_specs():
+    from cutedsl_inductor.compile.specs import Sym, TensorSpec
+
+    k_major = [TensorSpec("bfloat16", (Sym("m"), Sym("k")), (Sym("ld", 8), 1), 16)]
+    m_major = [TensorSpec("bfloat16", (Sym("m"), Sym("k")), (1, Sym("ld", 8)), 16)]
+    text = "def __CUTEDSL_KERNEL_NAME___main(): pass"
+    first = name_kernel("add", text, k_major)
+    assert first == name_kernel("add", text, k_major)
+    assert first[0].startswith("cutedsl_add_")
     assert first[1] == f"def {first[0]}_main(): pass"
+    assert name_kernel("add", "def __CUTEDSL_KERNEL_NAME___main(): return 1",
+                       k_major)[0] != first[0]
+    # the same text compiled for another operand layout is another binary, another name
+    assert name_kernel("add", text, m_major)[0] != first[0]
+
+
+PARAMS = [{"P0": 1}, {"P0": 1, "P1": 2.5}, {"P0": 1, "P1": 2.5, "P2": True},
+          {"P0": 1, "P1": 2.5, "P2": True, "P3": "s"},
+          {"P0": 1, "P1": 2.5, "P2": True, "P3": "s", "P4": -3},
+          {"P0": 1, "P1": 2.5, "P2": True, "P3": "s", "P4": -3, "P5": float("inf")}]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=len)
+@pytest.mark.parametrize("where", ["module", "function", "nested"])
+def test_gen_defines_is_valid_python_at_any_indentation(graph, params, where):
+    """Upstream's own test template puts ``gen_defines`` inside a function body."""
+    source = {
+        "module": "{{gen_defines()}}\n{{def_kernel('x', 'y')}}\n    return P0\n",
+        "function": "{{def_kernel('x', 'y')}}\n    {{gen_defines()}}\n    return P0\n",
+        "nested": ("{{def_kernel('x', 'y')}}\n    if True:\n        {{gen_defines()}}\n"
+                   "        return P0\n"),
+    }[where]
+    _, text = render(graph, source, params)
+    namespace = {}
+    exec(compile(text, "rendered", "exec"), namespace)
+    for name, value in params.items():
+        assert f"{name}: cutlass.Constexpr = " in text
+    assert namespace["k0_main"](None, None, None, None) == 1
