@@ -8,6 +8,8 @@
                                shapes), the GEMM choices for those shapes
   bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
   bench epilogue [--quick]     fused GEMM blocks vs Inductor default / max-autotune (GPU)
+  bench model [--families ...] real models (transformers) under torch.compile, with and
+                               without our kernels (GPU)
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.epilogue import main as bench_epilogue
 
         return bench_epilogue(argv[2:])
+    if argv[:2] == ["bench", "model"]:
+        from .bench.model import main as bench_model
+
+        return bench_model(argv[2:])
     parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--gemm-shapes", type=_gemm_shapes, metavar="MxNxK,...|suite",
                      help="the GEMM choices for these shapes (default: one 4096^3 problem)")
     pre.set_defaults(run=_precompile)
-    commands.add_parser("bench", help="bench gemm|epilogue [--quick]: see cutedsl_inductor/bench")
+    commands.add_parser("bench", help="bench gemm|epilogue|model: see cutedsl_inductor/bench")
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,402 @@
+"""``python -m cutedsl_inductor bench model``: real models from transformers under
+torch.compile, with and without our kernels, every variant measured in one run.
+
+Families (random weights, bf16, sdpa attention, ``--layers`` decoder layers, default 2):
+``llama`` (Llama-3-8B shapes: hidden 4096, MLP 14336 with SwiGLU, 32 heads, 8 KV heads,
+vocab 128256) and ``gpt2`` (GPT-2 XL shapes: hidden 1600, Linear + bias + GELU MLPs of
+6400, 25 heads, vocab 50257). Workloads: ``prefill`` (4 x 2048 tokens, no grad),
+``decode`` (64 sequences of one token, no grad), ``decode-graphs`` (the same under CUDA
+graphs: ``mode="max-autotune"``, ``"reduce-overhead"`` for Inductor's default) and
+``train`` (2 x 2048 tokens, forward and backward of ``logits.float().square().mean()``).
+Variants: ``eager``, ``default`` (torch.compile), ``max-autotune`` (ATEN,TRITON) and
+``cutedsl`` (ATEN,TRITON,CUTEDSL; ``--fusion`` on and/or off, default: the package's
+``config.epilogue_fusion``).
+
+Each measurement runs in a process of its own (``python -m cutedsl_inductor.bench.model
+--child CASE``) with fresh Inductor and kernel caches: its first call is the cold figure;
+a second process on the same caches gives the warm one (and must hit the FX graph cache,
+compile no CuTe kernel and autotune nothing). ``cutedsl`` with fusion off shares the
+caches of fusion on (its first call is not a cold figure). ms per step: the median of
+``--steps`` CUDA-event-timed calls after warm-ups. Every output (logits; for ``train``
+the loss and every parameter's gradient) is checked against an fp32 copy of the model:
+its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
+for ``train`` a second step must also double the gradients (accumulation into them).
+Prints the table, writes ``--out``/model_bench.csv and model_bench.png (speedups over
+max-autotune first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "gpt2")
+WORKLOADS = {"prefill": (4, 2048), "decode": (64, 1), "decode-graphs": (64, 1),
+             "train": (2, 2048)}
+VARIANTS = ("eager", "default", "max-autotune", "cutedsl")
+BACKENDS = {"max-autotune": "ATEN,TRITON", "cutedsl": "ATEN,TRITON,CUTEDSL"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    family: str
+    workload: str
+    variant: str
+    layers: int = 2
+    batch: int = 0  # 0: the workload's default (WORKLOADS)
+    seq: int = 0
+    fusion: bool | None = None  # cutedsl only; None: config.epilogue_fusion as set
+    steps: int = 15
+    warmup: int = 3
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        batch, seq = WORKLOADS[self.workload]
+        return self.batch or batch, self.seq or seq
+
+
+def build_model(family: str, layers: int) -> Any:
+    """A ``family`` model of ``layers`` layers, random weights, bf16, on the GPU."""
+    import torch
+    import transformers
+
+    if family == "llama":
+        cfg = transformers.LlamaConfig(
+            hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+            num_key_value_heads=8, num_hidden_layers=layers, vocab_size=128256,
+            max_position_embeddings=8192, rope_theta=500000.0)
+        cls = transformers.LlamaForCausalLM
+    elif family == "gpt2":
+        cfg = transformers.GPT2Config(
+            n_embd=1600, n_inner=6400, n_head=25, n_layer=layers, vocab_size=50257,
+            n_positions=2048, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cls = transformers.GPT2LMHeadModel
+    else:
+        raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return cls(cfg).to(torch.bfloat16)
+
+
+def _step(model: Any, ids: Any, train: bool) -> Any:
+    """One step: the logits, or (train) the loss after its backward."""
+    logits = model(input_ids=ids, use_cache=False).logits
+    if not train:
+        return logits
+    loss = logits.float().square().mean()
+    loss.backward()
+    return loss
+
+
+def _outputs(model: Any, result: Any, train: bool) -> list[Any]:
+    """What is checked: the logits, or the loss and every parameter's gradient (fp32)."""
+    if not train:
+        return [result.detach().float().clone()]
+    return [result.detach().float().reshape(1)] + [
+        p.grad.float().clone() for p in model.parameters() if p.grad is not None]
+
+
+def _rel_errors(outputs: list[Any], refs: list[Any]) -> float:
+    """The largest relative (Frobenius) error over the outputs; inf if any is not finite."""
+    errors = []
+    for out, ref in zip(outputs, refs, strict=True):
+        if not bool(out.isfinite().all()):
+            return float("inf")
+        errors.append(float((out - ref).norm() / ref.norm().clamp_min(1e-30)))
+    return max(errors)
+
+
+def _compiled(case: Case, model: Any) -> Any:
+    """The model as the variant runs it."""
+    import torch
+
+    from .. import config
+
+    if case.variant == "eager":
+        return model
+    graphs = case.workload == "decode-graphs"
+    if case.variant == "default":
+        return torch.compile(model, mode="reduce-overhead" if graphs else None)
+    torch._inductor.config.max_autotune_gemm_backends = BACKENDS[case.variant]
+    if case.fusion is not None:
+        config.epilogue_fusion = case.fusion
+    return torch.compile(model, mode="max-autotune" if graphs else "max-autotune-no-cudagraphs")
+
+
+def _output_code_kernels() -> int:
+    """How many CuteDSL kernels the output code compiled in this process defines."""
+    from torch._inductor.codecache import PyCodeCache
+
+    names = set()
+    for module in list(PyCodeCache.modules):
+        path = getattr(module, "__file__", None)
+        if path and os.path.exists(path):
+            names |= set(re.findall(r"^(cutedsl_\w+) = load_kernel\(",
+                                    Path(path).read_text(), re.M))
+    return len(names)
+
+
+def measure(case: Case) -> dict[str, Any]:
+    """Run ``case`` in this process (see the module docstring); its row of figures."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from ..compile import compiler
+
+    train = case.workload == "train"
+    model = build_model(case.family, case.layers)
+    model.train(train)
+    batch, seq = case.tokens
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
+    reference = copy.deepcopy(model).float()
+    with torch.set_grad_enabled(train):
+        refs = _outputs(reference, _step(reference, ids, train), train)
+        del reference
+        eager_error = _rel_errors(_outputs(model, _step(model, ids, train), train), refs)
+        model.zero_grad(set_to_none=True)
+        runner = _compiled(case, model)
+        start = time.perf_counter()
+        result = _step(runner, ids, train)
+        torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - start
+        outputs = _outputs(model, result, train)
+        error = _rel_errors(outputs, refs)
+        if train:  # a second step adds its gradients to the first's
+            _step(runner, ids, train)
+            doubled = [2 * grad for grad in outputs[1:]]
+            error = max(error, _rel_errors(_outputs(model, result, train)[1:], doubled))
+        del result, outputs
+        ms = _median_step_ms(lambda: _step(runner, ids, train), model, case)
+    return {**dataclasses.asdict(case), "tokens": f"{batch}x{seq}", "ms": ms,
+            "first_call_s": first_call_s, "rel_err": error, "rel_err_eager": eager_error,
+            "ok": error <= 2 * eager_error + 1e-3,
+            "cute_compiled": compiler.stats["compiled"],
+            "cute_kernels": _output_code_kernels(),
+            "fx_hits": counters["inductor"]["fxgraph_cache_hit"]
+            + counters["aot_autograd"]["autograd_cache_hit"],
+            "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
+            "autotunings": counters["inductor"]["select_algorithm_autotune"]}
+
+
+def _median_step_ms(step: Any, model: Any, case: Case) -> float:
+    import torch
+
+    times = []
+    for index in range(case.warmup + case.steps):
+        model.zero_grad(set_to_none=True)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        if index >= case.warmup:
+            times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_child(case: Case, caches: Path, timeout_s: float = 1800) -> dict[str, Any]:
+    """``measure(case)`` in a fresh process whose Inductor and kernel caches are under
+    ``caches``; raises with the child's last output if it fails."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "CUTEDSL_INDUCTOR_CACHE_DIR": str(caches / "kernels"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor.bench.model", "--child",
+                          json.dumps(dataclasses.asdict(case))],
+                         env=env, capture_output=True, text=True, timeout=timeout_s)
+    if run.returncode != 0:
+        raise RuntimeError(f"{case} failed (rc {run.returncode}):\n{run.stderr[-4000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
+    """Every (case, cache group) of a run: cases of one group share caches, the first
+    of a group starts them cold (``cutedsl`` fusion off joins fusion on's group)."""
+    batch, seq = args.tokens or (0, 0)
+    cases = []
+    for family in args.families:
+        for workload in args.workloads:
+            for variant in args.variants:
+                fusions = args.fusion if variant == "cutedsl" else [None]
+                for fusion in fusions:
+                    case = Case(family, workload, variant, args.layers, batch, seq, fusion,
+                                args.steps)
+                    cases.append((case, f"{family}-{workload}-{variant}"))
+    return cases
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    root = Path(tempfile.mkdtemp(prefix="cutedsl-bench-model-"))
+    started: set[str] = set()
+    for case, group in cases_of(args):
+        caches = root / group
+        cold = group not in started
+        started.add(group)
+        row = run_child(case, caches)
+        row["caches"] = "cold" if cold else "shared"
+        if cold and case.variant != "eager" and args.warm:
+            warm = run_child(case, caches)
+            row.update(first_call_warm_s=warm["first_call_s"], warm_ok=warm["ok"],
+                       warm_cute_compiled=warm["cute_compiled"], warm_fx_hits=warm["fx_hits"],
+                       warm_fx_misses=warm["fx_misses"], warm_autotunings=warm["autotunings"])
+        rows.append(row)
+        print(_line(row), flush=True)
+        _write_csv(rows, args.out / "model_bench.csv")
+    _add_ratios(rows)
+    _write_csv(rows, args.out / "model_bench.csv")
+    return rows
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's speedup over max-autotune (and eager) of its family and workload, and
+    its first calls over max-autotune's."""
+    by = {(r["family"], r["workload"], r["variant"]): r for r in rows
+          if r["variant"] in ("max-autotune", "eager")}
+    for row in rows:
+        for ref in ("max-autotune", "eager"):
+            base = by.get((row["family"], row["workload"], ref))
+            if base is not None:
+                row[f"speedup_vs_{ref}"] = base["ms"] / row["ms"]
+        base = by.get((row["family"], row["workload"], "max-autotune"))
+        if base is not None and row["caches"] == "cold" and row["variant"] != "eager":
+            row["first_call_vs_max_autotune"] = row["first_call_s"] / base["first_call_s"]
+            if "first_call_warm_s" in row and "first_call_warm_s" in base:
+                row["warm_first_call_vs_max_autotune"] = (row["first_call_warm_s"]
+                                                          / base["first_call_warm_s"])
+
+
+def _line(row: dict[str, Any]) -> str:
+    fusion = {None: "", True: " fusion on", False: " fusion off"}[row["fusion"]]
+    warm = f" / {row['first_call_warm_s']:.1f}" if "first_call_warm_s" in row else ""
+    return (f"{row['family']:6} {row['workload']:13} {row['tokens']:>8} "
+            f"{row['variant'] + fusion:22} {row['ms']:9.3f} ms  first call "
+            f"{row['first_call_s']:6.1f}{warm} s ({row['caches']})  CuTe kernels "
+            f"{row['cute_kernels']}  rel err {row['rel_err']:.2e} (eager "
+            f"{row['rel_err_eager']:.2e}) {'ok' if row['ok'] else 'WRONG'}")
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """The speedups of our variant(s) over max-autotune and the first-call ratios."""
+    lines = ["", "speedup over max-autotune (ms per step), first call cold / warm vs max-autotune:"]
+    for row in rows:
+        if row["variant"] != "cutedsl" or "speedup_vs_max-autotune" not in row:
+            continue
+        first = ""
+        if "first_call_vs_max_autotune" in row:
+            first = f"   first call {row['first_call_vs_max_autotune']:.2f}x"
+            if "warm_first_call_vs_max_autotune" in row:
+                first += f" / {row['warm_first_call_vs_max_autotune']:.2f}x"
+        fusion = "fusion on" if row["fusion"] is not False else "fusion off"
+        lines.append(f"  {row['family']:6} {row['workload']:13} {fusion:10} "
+                     f"{row['speedup_vs_max-autotune']:.3f}x{first}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars of each compiled variant's speedup over max-autotune, per family and workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    shown = [r for r in rows if r["variant"] in ("default", "cutedsl")
+             and "speedup_vs_max-autotune" in r]
+    if not shown:
+        return
+    labels = [f"{r['family']} {r['workload']} {r['variant']}"
+              + {None: "", True: " (fusion)", False: " (no fusion)"}[r["fusion"]] for r in shown]
+    values = [r["speedup_vs_max-autotune"] for r in shown]
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(shown) + 1.5), dpi=100)
+    ax.barh(labels, values, color=["tab:green" if v >= 1 else "tab:red" for v in values])
+    ax.axvline(1.0, color="black", linewidth=1)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:.3f}x", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over Inductor max-autotune (ATEN,TRITON), ms per step")
+    ax.set_title(f"bench model on {torch.cuda.get_device_name()} (torch {torch.__version__})")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _parse_tokens(text: str) -> tuple[int, int]:
+    batch, _, seq = text.partition("x")
+    if not (batch.isdigit() and seq.isdigit() and int(batch) > 0 and int(seq) > 0):
+        raise argparse.ArgumentTypeError(f"--tokens {text!r}: expected BATCHxSEQ, e.g. 4x2048")
+    return int(batch), int(seq)
+
+
+def _choices(allowed: tuple[str, ...]) -> Any:
+    def parse(text: str) -> list[str]:
+        values = text.split(",") if text != "all" else list(allowed)
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad}: choose from {', '.join(allowed)} or all")
+        return values
+    return parse
+
+
+def _fusions(text: str) -> list[bool | None]:
+    values = {"on": True, "off": False, "default": None}
+    parts = text.split(",")
+    if any(p not in values for p in parts):
+        raise argparse.ArgumentTypeError(f"--fusion {text!r}: on, off, default or a list")
+    return [values[p] for p in parts]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench model",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", type=_choices(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--workloads", type=_choices(tuple(WORKLOADS)), default=list(WORKLOADS))
+    p.add_argument("--variants", type=_choices(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--fusion", type=_fusions, default=[None],
+                   help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tokens", type=_parse_tokens, default=None,
+                   help="BATCHxSEQ for every workload (default: each workload's own)")
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="skip the warm second process of each variant")
+    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.layers < 1 or args.steps < 1:
+        parser().error("--layers and --steps must be at least 1")
+    rows = run(args)
+    print(summary(rows))
+    plot(rows, args.out / "model_bench.png")
+    print(f"\nwrote {args.out / 'model_bench.csv'} and {args.out / 'model_bench.png'}")
+    return 0 if all(r["ok"] and r.get("warm_ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(measure(Case(**json.loads(sys.argv[2])))))
+    else:
+        sys.exit(main(sys.argv[1:]))
