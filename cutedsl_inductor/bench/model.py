@@ -154,6 +154,7 @@ def measure(case: Case) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
+    from ..autotune import retime
     from ..compile import compiler
 
     train = case.workload == "train"
@@ -188,7 +189,9 @@ def measure(case: Case) -> dict[str, Any]:
             "fx_hits": counters["inductor"]["fxgraph_cache_hit"]
             + counters["aot_autograd"]["autograd_cache_hit"],
             "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
-            "autotunings": counters["inductor"]["select_algorithm_autotune"]}
+            "fx_bypasses": counters["inductor"]["fxgraph_cache_bypass"]
+            + counters["inductor"]["fxgraph_cache_pickle_error"],
+            "retimed": len(retime._WINNERS)}
 
 
 def _median_step_ms(step: Any, model: Any, case: Case) -> float:
@@ -207,18 +210,29 @@ def _median_step_ms(step: Any, model: Any, case: Case) -> float:
     return statistics.median(times)
 
 
-def run_child(case: Case, caches: Path, timeout_s: float = 1800) -> dict[str, Any]:
-    """``measure(case)`` in a fresh process whose Inductor and kernel caches are under
-    ``caches``; raises with the child's last output if it fails."""
+def run_child(case: Case, caches: Path, kernels: Path | None = None,
+              timeout_s: float = 1800) -> dict[str, Any]:
+    """``measure(case)`` in a fresh process whose Inductor caches are under ``caches``
+    (its log too, in ``caches``/logs), its kernel cache in ``kernels`` (default:
+    ``caches``/kernels); raises with the log's end if it fails."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-           "CUTEDSL_INDUCTOR_CACHE_DIR": str(caches / "kernels"),
+           "CUTEDSL_INDUCTOR_CACHE_DIR": str(kernels or caches / "kernels"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     run = subprocess.run([sys.executable, "-m", "cutedsl_inductor.bench.model", "--child",
                           json.dumps(dataclasses.asdict(case))],
                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    logs = caches / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fusion = {None: "", True: "-fusion", False: "-no-fusion"}[case.fusion]
+    log_name = f"{case.family}-{case.workload}-{case.variant}{fusion}-{time.time_ns()}.log"
+    (logs / log_name).write_text(run.stderr)
     if run.returncode != 0:
         raise RuntimeError(f"{case} failed (rc {run.returncode}):\n{run.stderr[-4000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    # Inductor prints a table per autotuning it times (its counters cannot tell: an FX
+    # graph cache hit adds the counts of the compile it replays)
+    row["autotunings"] = len(re.findall(r"^AUTOTUNE ", run.stderr, re.M))
+    return row
 
 
 def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
@@ -251,7 +265,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             warm = run_child(case, caches)
             row.update(first_call_warm_s=warm["first_call_s"], warm_ok=warm["ok"],
                        warm_cute_compiled=warm["cute_compiled"], warm_fx_hits=warm["fx_hits"],
-                       warm_fx_misses=warm["fx_misses"], warm_autotunings=warm["autotunings"])
+                       warm_fx_misses=warm["fx_misses"], warm_autotunings=warm["autotunings"],
+                       warm_retimed=warm["retimed"])
         rows.append(row)
         print(_line(row), flush=True)
         _write_csv(rows, args.out / "model_bench.csv")
