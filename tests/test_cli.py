@@ -4,15 +4,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, cache_dir, workers=0):
+def cli_command(*args, cache_dir, workers=0):
     env = {"CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
            "CUTE_DSL_ARCH": "sm_90a", "HOME": str(cache_dir),
            "CUTEDSL_INDUCTOR_COMPILE_WORKERS": str(workers)}
-    return subprocess.run([sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return dict(args=[sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli(*args, cache_dir, workers=0):
+    return subprocess.run(**cli_command(*args, cache_dir=cache_dir, workers=workers),
+                          timeout=600)
 
 
 def test_precompile_then_cache_info_then_clear(tmp_path):
@@ -39,6 +46,21 @@ def test_precompile_in_two_worker_processes(tmp_path):
     assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
     loaded = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
     assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--arch", "foo"), "argument --arch: --arch='foo' is not accepted: expected an arch "
+                        "CuTe DSL compiles for: sm_80, "),
+    (("--templates", "elementwise,gemmm"), "argument --templates: 'gemmm': not a built-in "
+                                           "template (one of elementwise, gemm)"),
+    (("--gemm-shapes", "64x4096"), "'64x4096' is not MxNxK (positive integers)"),
+], ids=["arch", "templates", "gemm_shapes"])
+def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args, message):
+    run = cli("precompile", *args, cache_dir=tmp_path / "kernels")
+    assert run.returncode == 2 and run.stdout == ""
+    (error,) = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert message in error
+    assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
 
 
 BEFORE_ROUNDS = "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton"

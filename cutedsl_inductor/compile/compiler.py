@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..exc import KernelCompileError, format_params
+from ..exc import ConfigError, KernelCompileError, format_params
 from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def toolchain_versions() -> dict[str, str]:
 def target_arch() -> str:
     """``config.arch``, else the current GPU's (``sm_90a`` on Hopper), else sm_90a."""
     if config.arch:
-        return config.arch
+        return check_cute_arch(config.arch, "cutedsl_inductor.config.arch")
     import torch
 
     if torch.cuda.is_available():
@@ -79,7 +79,23 @@ def target_arch() -> str:
     return "sm_90a"
 
 
+@functools.cache
+def cute_archs() -> tuple[str, ...]:
+    """The arch names CuTe DSL compiles for."""
+    from cutlass.base_dsl import Arch
+
+    return tuple(Arch.__members__)
+
+
+def check_cute_arch(arch: str, variable: str) -> str:
+    if arch not in cute_archs():
+        raise ConfigError(variable=variable, value=arch,
+                          accepted=f"an arch CuTe DSL compiles for: {', '.join(cute_archs())}")
+    return arch
+
+
 def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
+    config.check_compile_options(config.compile_options, "cutedsl_inductor.config.compile_options")
     material = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "entry": entry,
