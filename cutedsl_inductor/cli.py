@@ -24,18 +24,28 @@ def _cache(args: argparse.Namespace) -> int:
     from .compile.disk_cache import default_cache
 
     cache = default_cache()
+    mode = cache.mode
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
-        return 0
+        if not mode.writable:
+            print(f"not clearing {cache.root}: it {mode.note}", file=sys.stderr)
+            return 1
+        result = cache.clear()
+        print(f"removed {result.removed} entries from {cache.root}"
+              + (f"; {result.busy} being written now were left" if result.busy else ""))
+        for error in result.errors:
+            print(f"  could not remove {error}", file=sys.stderr)
+        return 1 if result.errors else 0
     entries = cache.entries()
-    size = sum(p.stat().st_size for p in cache.root.glob("*/*") if p.is_file())
-    print(f"cache dir: {cache.root}\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
+    size = sum(entry["disk_bytes"] for entry in entries)
+    print(f"cache dir: {cache.root}" + (f" ({mode.note})" if mode.note else "")
+          + f"\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
     for entry in entries:
         if entry.get("corrupt"):
             print(f"  {entry['key'][:16]}  CORRUPT manifest")
             continue
+        flag = "" if entry["verified"] else "  UNVERIFIED (rebuilt when next needed)"
         print(f"  {entry['key'][:16]}  {entry.get('arch')}  {entry.get('template')}  "
-              f"{entry.get('params')}")
+              f"{entry.get('params')}{flag}")
     return 0
 
 

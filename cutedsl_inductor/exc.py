@@ -82,7 +82,7 @@ class KernelArgumentError(CuteDSLInductorError):
 
 
 class CacheEntryError(CuteDSLInductorError):
-    """An on-disk cache entry is unusable; the cache removes it and rebuilds."""
+    """An on-disk cache entry is unusable (damaged, forged or foreign); it is rebuilt."""
 
     message = "cache entry {path} is unusable: {reason}"
 

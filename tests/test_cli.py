@@ -63,6 +63,20 @@ def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args
     assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
 
 
+def test_a_read_only_cache_is_not_cleared(tmp_path):
+    cache_dir = tmp_path / "kernels"
+    (cache_dir / "ab").mkdir(parents=True)
+    (cache_dir / "secret").write_bytes(b"0" * 32)
+    (cache_dir / "secret").chmod(0o400)
+    from tests.helpers import run_unprivileged
+
+    cache_dir.chmod(0o555)
+    run = run_unprivileged(**{**cli_command("cache", "clear", cache_dir=cache_dir),
+                              "timeout": 120})
+    assert run.returncode == 1
+    assert f"not clearing {cache_dir}: it is not writable: used read-only" in run.stderr
+
+
 BEFORE_ROUNDS = "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton"
 WITH_ROUNDS = BEFORE_ROUNDS + ",vs_cublas_min,vs_cublas_max,vs_triton_min,vs_triton_max"
 

@@ -140,19 +140,18 @@ def compile_entry(
         compiled = _COMPILED.get(key)
         if compiled is not None:
             return compiled
-        cache = default_cache() if config.disk_cache else None
-        if cache is None:
+        if not config.disk_cache:
             compiled = _compile(entry_fn, specs, arch, describe)
         else:
-            with cache.lock(key):
+            with default_cache().entry(key) as entry:
                 start = time.perf_counter()
-                compiled = cache.load(key)
+                compiled = entry.load()
                 if compiled is not None:
                     stats["disk_hits"] += 1
                     stats["disk_load_s"] += time.perf_counter() - start
                 else:
                     compiled = _compile(entry_fn, specs, arch, describe)
-                    cache.store(key, compiled, describe | {"arch": arch})
+                    entry.store(compiled, describe | {"arch": arch})
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
         return compiled
 
