@@ -1,5 +1,6 @@
 """The command line, run as a user would (GPU-less: precompile compiles for sm_90a)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ def cli_command(*args, cache_dir, workers=0):
 def cli(*args, cache_dir, workers=0):
     return subprocess.run(**cli_command(*args, cache_dir=cache_dir, workers=workers),
                           timeout=600)
+
+
+def precompiled(stdout):
+    """(compiled, cached, failed) from precompile's summary."""
+    found = re.search(r"precompiled (\d+) kernel\(s\), (\d+) already cached, (\d+) failed",
+                      stdout)
+    return tuple(map(int, found.groups()))
 
 
 def test_precompile_then_cache_info_then_clear(tmp_path):
@@ -46,6 +54,25 @@ def test_precompile_in_two_worker_processes(tmp_path):
     assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
     loaded = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
     assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
+
+
+def test_processes_precompiling_one_cache_at_once_count_exactly(tmp_path):
+    """Each kernel is compiled once between them, and each says what it did itself; an
+    entry that no longer verifies is rebuilt, and counts as compiled."""
+    cache_dir = tmp_path / "kernels"
+    procs = [subprocess.Popen(**cli_command("precompile", "--templates", "elementwise",
+                                            cache_dir=cache_dir)) for _ in range(4)]
+    runs = [(p.communicate(timeout=600), p.returncode) for p in procs]
+    assert all(code == 0 for _, code in runs), [err[-2000:] for (_, err), _ in runs]
+    counts = [precompiled(out) for (out, _), _ in runs]
+    assert all(compiled + cached == 9 and failed == 0 for compiled, cached, failed in counts)
+    assert sum(compiled for compiled, _, _ in counts) == 9
+    for obj in sorted(cache_dir.glob("*/*.o"))[:3]:
+        data = bytearray(obj.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        obj.write_bytes(bytes(data))
+    again = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
+    assert precompiled(again.stdout) == (3, 6, 0)
 
 
 @pytest.mark.parametrize("args, message", [

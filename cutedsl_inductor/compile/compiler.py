@@ -125,35 +125,36 @@ def compile_entry(
     key: str,
     arch: str,
     describe: dict[str, Any],
-) -> Any:
-    """The compiled TVM-FFI function for ``entry_fn`` at ``specs``; compiles on a miss.
+) -> tuple[Any, str]:
+    """The compiled TVM-FFI function for ``entry_fn`` at ``specs`` and where it came
+    from: "memory" (this process had it), "disk" (the disk cache) or "compiled".
 
     ``describe`` (kernel, template, params, path) goes into errors and cache metadata.
     """
     compiled = _COMPILED.get(key)
     if compiled is not None:
         stats["memory_hits"] += 1
-        return compiled
+        return compiled, "memory"
     from .disk_cache import default_cache
 
     with _COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
-            return compiled
+            return compiled, "memory"
         if not config.disk_cache:
-            compiled = _compile(entry_fn, specs, arch, describe)
+            compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
         else:
             with default_cache().entry(key) as entry:
                 start = time.perf_counter()
-                compiled = entry.load()
+                compiled, origin = entry.load(), "disk"
                 if compiled is not None:
                     stats["disk_hits"] += 1
                     stats["disk_load_s"] += time.perf_counter() - start
                 else:
-                    compiled = _compile(entry_fn, specs, arch, describe)
+                    compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
                     entry.store(compiled, describe | {"arch": arch})
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
-        return compiled
+        return compiled, origin
 
 
 def plain_ffi_function(compiled: Any) -> Any:

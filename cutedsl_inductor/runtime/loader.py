@@ -68,12 +68,13 @@ def load_kernel(
         )
     arch = target_arch()
     if is_cute_jit(entry):
-        compiled = compile_entry(
+        compiled, origin = compile_entry(
             entry, specs, key=kernel_key(kernel_name, source, specs), arch=arch,
             describe=describe,
         )
         return TVMFFIKernelWrapper(
-            compiled, path, kernel_name=kernel_name, template=template, specs=specs
+            compiled, path, kernel_name=kernel_name, template=template, specs=specs,
+            origin=origin,
         )
     for attr, value in list(vars(module).items()):
         if is_cute_jit(value):
