@@ -28,7 +28,8 @@ Failure semantics:
   compile it again;
 - any other failure in a worker (its environment, not the kernel) is logged and the
   kernel compiles here instead.
-Without the disk cache a worker could hand nothing back: none is used.
+Without a disk cache it can write (none, or one used read-only) a worker could hand
+nothing back: none is used.
 """
 
 from __future__ import annotations
@@ -104,10 +105,11 @@ _cannot_start: str | None = None
 
 def build_in_worker(request: Any) -> str | None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
-    worker could help (none configured, no disk cache, the kernel already built): where
-    the worker found it ("compiled", "disk"), or None when no worker built it."""
+    worker could help (none configured, no writable disk cache, the kernel already
+    built): where the worker found it ("compiled", "disk"), or None when no worker
+    built it."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
-            or not _compiles_when_loaded(request) or already_built(request)):
+            or not _compiles_when_loaded(request) or not _worker_would_help(request)):
         return None
     try:
         worker = _acquire(request.knobs["arch"])
@@ -163,15 +165,17 @@ def _compiles_when_loaded(request: Any) -> bool:
                      request.source) is not None
 
 
-def already_built(request: Any) -> bool:
-    """Whether ``request``'s kernel is compiled in this process or in the disk cache."""
+def _worker_would_help(request: Any) -> bool:
+    """Whether what a worker stores would reach this process: the disk cache takes it
+    (it is writable) and ``request``'s kernel is neither compiled here nor there yet."""
     from ..runtime.loader import kernel_key
     from .compiler import _COMPILED
     from .disk_cache import default_cache
 
     with config.patch(**request.knobs):
+        cache = default_cache()
         key = kernel_key(request.kernel_name, request.source, request.specs)
-        return key in _COMPILED or default_cache().has(key)
+        return cache.mode.writable and key not in _COMPILED and not cache.has(key)
 
 
 def _acquire(arch: str) -> _Worker:
