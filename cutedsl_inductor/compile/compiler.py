@@ -14,7 +14,10 @@ compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key
 each argument).
 
 Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming the
-template, parameters and generated file; nothing is cached for it.
+template, parameters and generated file; nothing is cached for it. An arch CuTe DSL
+does not know, or compile options that set what the package sets itself (the arch,
+TVM-FFI, the host target: an entry's label must be what it holds), are ``ConfigError``
+before anything compiles.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ seals each entry's manifest, and with it the entry's key and its object's sha256
 The secret is ``SECRET_BYTES`` random bytes in ``<root>/secret``, created 0600 at first
 use, complete from its first moment (``Folder.link_new``), so that processes starting
 together agree on it. It is trusted only as a regular file of that size, owned by the
-owner of the cache root and writable by nobody else. Whoever can write entries but not
+owner of the cache root and not writable by every user (a group-writable one is the
+owner's choice, or a copy extracted under umask 002). Whoever can write entries but not
 read the secret cannot make one that verifies: an object swapped for another entry's,
 an edited object with its manifest edited to match, or an entry renamed to another key
 all fail ``check_seal``. The loader then uses the very bytes that were checked.
@@ -55,8 +56,8 @@ def read_secret(root: Folder, owner: int, create: bool) -> bytes | None:
 def _untrusted(info: os.stat_result, owner: int) -> str | None:
     if info.st_uid != owner:
         return f"owned by uid {info.st_uid}, the cache by uid {owner}"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by others (mode {stat.filemode(info.st_mode)})"
+    if info.st_mode & stat.S_IWOTH:
+        return f"writable by every user (mode {stat.filemode(info.st_mode)})"
     return None
 
 

@@ -80,7 +80,7 @@ def test_an_untrusted_secret_turns_the_cache_off(graph, kernel_cache_dir, caplog
     load_fresh(graph)
     assert compiler.stats["compiled"] == 2 and compiler.stats["disk_hits"] == 0
     (warning,) = cache_warnings(caplog)
-    assert "untrusted secret (writable by others" in warning
+    assert "untrusted secret (writable by every user" in warning
 
 
 # -- without root's power over files ---------------------------------------------

@@ -29,13 +29,13 @@ def test_the_secret_is_made_once_0600_and_processes_starting_together_agree(tmp_
     assert [p.name for p in tmp_path.iterdir()] == [SECRET_NAME]  # no temp file left
 
 
-@pytest.mark.parametrize("damage", ["group_writable", "short", "symlink", "other_owner"])
+@pytest.mark.parametrize("damage", ["world_writable", "short", "symlink", "other_owner"])
 def test_an_untrusted_secret_is_refused(tmp_path, damage):
     path = tmp_path / SECRET_NAME
     path.write_bytes(os.urandom(SECRET_BYTES))
     path.chmod(0o600)
-    if damage == "group_writable":
-        path.chmod(0o620)
+    if damage == "world_writable":
+        path.chmod(0o602)
     elif damage == "short":
         path.write_bytes(b"0" * 8)
     elif damage == "symlink":
