@@ -92,6 +92,14 @@ class Folder:
         except FileNotFoundError:
             return False
 
+    def file_size(self, name: str) -> int:
+        """The size of the regular file ``name``; 0 if there is none."""
+        try:
+            info = self.lstat(name)
+        except FileNotFoundError:
+            return 0
+        return info.st_size if stat.S_ISREG(info.st_mode) else 0
+
     def open_file(self, name: str) -> int:
         """A read-only descriptor of the regular file ``name`` (FileNotFoundError if none)."""
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _OPEN_FLAGS, dir_fd=self.fd)

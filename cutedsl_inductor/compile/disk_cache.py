@@ -200,12 +200,12 @@ class KernelDiskCache:
             return
         with root:
             for name in sorted(root.names()):
-                if not _FOLDER.fullmatch(name) or not stat.S_ISDIR(root.lstat(name).st_mode):
+                if not _FOLDER.fullmatch(name):
                     continue
                 try:
-                    folder = root.child(name)
+                    folder = root.child(name)  # no symlink, no file
                 except OSError:
-                    continue  # replaced since it was listed
+                    continue
                 with folder:
                     yield folder
 
@@ -220,20 +220,22 @@ class KernelDiskCache:
 
     def entries(self) -> list[dict[str, Any]]:
         """The manifest of each entry, with "verified" (its seal and key check out) or
-        "corrupt"; "size" is the bytes its files take."""
+        "corrupt", and "disk_bytes" (what its files take)."""
         found = []
         secret = self.mode.secret
         for folder in self._folders():
             for key, names in sorted(self._keys(folder).items()):
                 if not folder.is_file(f"{key}.json"):
                     continue
-                size = sum(folder.lstat(name).st_size for name in names if folder.is_file(name))
                 try:
                     manifest = json.loads(folder.read(f"{key}.json"))
                     manifest["verified"] = bool(secret and check_seal(secret, manifest)
                                                 and manifest.get("key") == key)
+                except FileNotFoundError:
+                    continue  # no entry (yet, or any more)
                 except (OSError, ValueError, TypeError, AttributeError):
                     manifest = {"corrupt": True}
+                size = sum(folder.file_size(name) for name in names)
                 found.append({**manifest, "key": key, "disk_bytes": size})
         return found
 
