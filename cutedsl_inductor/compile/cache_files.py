@@ -112,35 +112,42 @@ class Folder:
         with open(self.open_file(name), "rb") as f:
             return f.read()
 
-    def write_atomic(self, name: str, data: bytes) -> None:
+    def _temp_copy(self, name: str, data: bytes) -> str:
+        """A new temp file (``.<name>.<random>.tmp``) holding ``data``: its name."""
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600,
                      dir_fd=self.fd)
         try:
             with open(fd, "wb") as f:
                 f.write(data)
+        except BaseException:
+            self._unlink_quietly(tmp)
+            raise
+        return tmp
+
+    def _unlink_quietly(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=self.fd)
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        tmp = self._temp_copy(name, data)
+        try:
             os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self.fd)
+            self._unlink_quietly(tmp)
             raise
 
     def link_new(self, name: str, data: bytes) -> bool:
         """Create ``name`` holding ``data``, complete from its first moment (hard link of a
         written temp file); False if ``name`` exists already."""
-        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600,
-                     dir_fd=self.fd)
+        tmp = self._temp_copy(name, data)
         try:
-            with open(fd, "wb") as f:
-                f.write(data)
             os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
             return True
         except FileExistsError:
             return False
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self.fd)
+            self._unlink_quietly(tmp)
 
     def unlink_file(self, name: str) -> bool:
         """Unlink ``name`` if it is a regular file (never a folder or a symlink's
