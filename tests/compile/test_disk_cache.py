@@ -163,7 +163,7 @@ def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
         obj.write_bytes(other_obj.read_bytes())
         manifest.write_bytes(other_manifest.read_bytes())
     else:
-        data = other_obj.read_bytes() if forgery == "swapped_object" else bytearray(obj.read_bytes())
+        data = bytearray((other_obj if forgery == "swapped_object" else obj).read_bytes())
         if forgery == "edited_object":
             data[len(data) // 2] ^= 0xFF
         obj.write_bytes(bytes(data))
