@@ -24,19 +24,51 @@ def _cache(args: argparse.Namespace) -> int:
     from .compile.disk_cache import default_cache
 
     cache = default_cache()
+    mode = cache.mode
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
-        return 0
+        if not mode.writable:
+            print(f"not clearing {cache.root}: it {mode.note}", file=sys.stderr)
+            return 1
+        result = cache.clear()
+        print(f"removed {result.removed} entries from {cache.root}"
+              + (f"; {result.busy} being written now were left" if result.busy else ""))
+        for error in result.errors:
+            print(f"  could not remove {error}", file=sys.stderr)
+        return 1 if result.errors else 0
     entries = cache.entries()
-    size = sum(p.stat().st_size for p in cache.root.glob("*/*") if p.is_file())
-    print(f"cache dir: {cache.root}\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
+    size = sum(entry["disk_bytes"] for entry in entries)
+    print(f"cache dir: {cache.root}" + (f" ({mode.note})" if mode.note else "")
+          + f"\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
     for entry in entries:
         if entry.get("corrupt"):
             print(f"  {entry['key'][:16]}  CORRUPT manifest")
             continue
+        flag = "" if entry["verified"] else "  UNVERIFIED (rebuilt when next needed)"
         print(f"  {entry['key'][:16]}  {entry.get('arch')}  {entry.get('template')}  "
-              f"{entry.get('params')}")
+              f"{entry.get('params')}{flag}")
     return 0
+
+
+def _arch(text: str) -> str:
+    """``--arch``: an arch CuTe DSL compiles for, checked before anything compiles."""
+    from .compile.compiler import check_cute_arch
+    from .exc import ConfigError
+
+    try:
+        return check_cute_arch(text, "--arch")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _templates(text: str) -> tuple[str, ...]:
+    """``--templates``: comma-separated names of built-in templates."""
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in BUILTIN_TEMPLATES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(repr, unknown))}: not a built-in template (one of "
+            f"{', '.join(BUILTIN_TEMPLATES)})")
+    return names
 
 
 def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -49,7 +81,7 @@ def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
 def _precompile(args: argparse.Namespace) -> int:
     from .autotune.precompile import precompile
 
-    summary = precompile(args.arch, tuple(args.templates.split(",")), args.gemm_shapes)
+    summary = precompile(args.arch, args.templates, args.gemm_shapes)
     print(summary)
     return 1 if summary.failed else 0
 
@@ -81,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("action", choices=["info", "clear"])
     cache.set_defaults(run=_cache)
     pre = commands.add_parser("precompile", help="fill the kernel cache, GPU or not")
-    pre.add_argument("--arch", default="sm_90a")
-    pre.add_argument("--templates", default=",".join(BUILTIN_TEMPLATES),
+    pre.add_argument("--arch", default="sm_90a", type=_arch)
+    pre.add_argument("--templates", default=tuple(BUILTIN_TEMPLATES), type=_templates,
                      help="comma-separated built-in templates (default: all)")
     pre.add_argument("--gemm-shapes", type=_gemm_shapes, metavar="MxNxK,...|suite",
                      help="the GEMM choices for these shapes (default: one 4096^3 problem)")

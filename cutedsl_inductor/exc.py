@@ -82,6 +82,12 @@ class KernelArgumentError(CuteDSLInductorError):
 
 
 class CacheEntryError(CuteDSLInductorError):
-    """An on-disk cache entry is unusable; the cache removes it and rebuilds."""
+    """An on-disk cache entry is unusable (damaged, forged or foreign); it is rebuilt."""
 
     message = "cache entry {path} is unusable: {reason}"
+
+
+class ConfigError(CuteDSLInductorError, ValueError):
+    """A knob's value (an environment variable, a command-line option) is refused."""
+
+    message = "{variable}={value!r} is not accepted: expected {accepted}"

@@ -144,3 +144,25 @@ def compile_residual_gemm(cfg, dump_dir=None):
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options="--enable-tvm-ffi"
                         + (f" --keep-ptx --dump-dir {dump_dir}" if dump_dir else ""))
+
+
+def run_unprivileged(args, **kwargs):
+    """``subprocess.run(args)`` without root's power over files: as root, in a user
+    namespace where this user is uid 1000 without capabilities (root's files look like
+    its own, other users' like nobody's), so that file modes bind it; as any other user,
+    plainly. Skips the test where user namespaces are not allowed."""
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("unshare") is None:
+            pytest.skip("no unshare command here")
+        prefix = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+        probe = subprocess.run([*prefix, "true"], capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    return subprocess.run([*prefix, *args], **kwargs)

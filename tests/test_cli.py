@@ -1,18 +1,33 @@
 """The command line, run as a user would (GPU-less: precompile compiles for sm_90a)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, cache_dir, workers=0):
+def cli_command(*args, cache_dir, workers=0):
     env = {"CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
            "CUTE_DSL_ARCH": "sm_90a", "HOME": str(cache_dir),
            "CUTEDSL_INDUCTOR_COMPILE_WORKERS": str(workers)}
-    return subprocess.run([sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return dict(args=[sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli(*args, cache_dir, workers=0):
+    return subprocess.run(**cli_command(*args, cache_dir=cache_dir, workers=workers),
+                          timeout=600)
+
+
+def precompiled(stdout):
+    """(compiled, cached, failed) from precompile's summary."""
+    found = re.search(r"precompiled (\d+) kernel\(s\), (\d+) already cached, (\d+) failed",
+                      stdout)
+    return tuple(map(int, found.groups()))
 
 
 def test_precompile_then_cache_info_then_clear(tmp_path):
@@ -39,6 +54,54 @@ def test_precompile_in_two_worker_processes(tmp_path):
     assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
     loaded = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
     assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
+
+
+def test_processes_precompiling_one_cache_at_once_count_exactly(tmp_path):
+    """Each kernel is compiled once between them, and each says what it did itself; an
+    entry that no longer verifies is rebuilt, and counts as compiled."""
+    cache_dir = tmp_path / "kernels"
+    procs = [subprocess.Popen(**cli_command("precompile", "--templates", "elementwise",
+                                            cache_dir=cache_dir)) for _ in range(4)]
+    runs = [(p.communicate(timeout=600), p.returncode) for p in procs]
+    assert all(code == 0 for _, code in runs), [err[-2000:] for (_, err), _ in runs]
+    counts = [precompiled(out) for (out, _), _ in runs]
+    assert all(compiled + cached == 9 and failed == 0 for compiled, cached, failed in counts)
+    assert sum(compiled for compiled, _, _ in counts) == 9
+    for obj in sorted(cache_dir.glob("*/*.o"))[:3]:
+        data = bytearray(obj.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        obj.write_bytes(bytes(data))
+    again = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
+    assert precompiled(again.stdout) == (3, 6, 0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--arch", "foo"), "argument --arch: --arch='foo' is not accepted: expected an arch "
+                        "CuTe DSL compiles for: sm_80, "),
+    (("--templates", "elementwise,gemmm"), "argument --templates: 'gemmm': not a built-in "
+                                           "template (one of elementwise, gemm)"),
+    (("--gemm-shapes", "64x4096"), "'64x4096' is not MxNxK (positive integers)"),
+], ids=["arch", "templates", "gemm_shapes"])
+def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args, message):
+    run = cli("precompile", *args, cache_dir=tmp_path / "kernels")
+    assert run.returncode == 2 and run.stdout == ""
+    (error,) = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert message in error
+    assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
+
+
+def test_a_read_only_cache_is_not_cleared(tmp_path):
+    cache_dir = tmp_path / "kernels"
+    (cache_dir / "ab").mkdir(parents=True)
+    (cache_dir / "secret").write_bytes(b"0" * 32)
+    (cache_dir / "secret").chmod(0o400)
+    from tests.helpers import run_unprivileged
+
+    cache_dir.chmod(0o555)
+    run = run_unprivileged(**{**cli_command("cache", "clear", cache_dir=cache_dir),
+                              "timeout": 120})
+    assert run.returncode == 1
+    assert f"not clearing {cache_dir}: it is not writable: used read-only" in run.stderr
 
 
 BEFORE_ROUNDS = "m,n,k,dtype,layout,config,ours,cublas,triton,vs_cublas,vs_triton"

@@ -9,6 +9,10 @@ versions, so the two machines must run the same nvidia-cutlass-dsl / apache-tvm-
 cutedsl_inductor versions.
 
 Choices compile in ``config.compile_workers`` worker processes where there are any.
+The counts say what happened, not what was there before: a kernel counts as compiled
+when this process or its worker compiled it (an entry that did not verify is rebuilt,
+and counts), as cached when it was loaded, so processes precompiling one cache at once
+compile each kernel once between them (the disk cache's lock) and their counts add up.
 
 Failure semantics: a choice that fails to compile is counted and reported, and the
 rest go on; the summary says what failed and why.
@@ -23,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import config
-from ..compile.workers import already_built
+from ..compile.workers import build_in_worker
 from .scratch import scratch_graph
 
 # short name -> module offering ``precompile_choices(scratch)``
@@ -68,22 +72,26 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
                 choices += module.precompile_choices(scratch)
         with ThreadPoolExecutor(max(1, config.compile_workers)) as pool:
             built = pool.map(_build, choices)
-            for choice, (was_built, error) in tqdm(zip(choices, built), total=len(choices),
-                                                   desc=f"precompile {arch}", unit="kernel",
-                                                   disable=not progress):
-                if error is not None:
-                    summary.failed.append((choice.name, f"{type(error).__name__}: {error}"))
-                elif was_built:
-                    summary.cached += 1
-                else:
+            for choice, outcome in tqdm(zip(choices, built), total=len(choices),
+                                        desc=f"precompile {arch}", unit="kernel",
+                                        disable=not progress):
+                if isinstance(outcome, Exception):
+                    summary.failed.append((choice.name, f"{type(outcome).__name__}: {outcome}"))
+                elif outcome == "compiled":
                     summary.compiled += 1
+                else:
+                    summary.cached += 1
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _build(choice: Any) -> tuple[bool, Exception | None]:
-    """(was it in the cache already, the error if it failed); compiles in a worker
-    process where there are any, as under Inductor."""
-    was_built = already_built(choice.bmreq)
-    choice.precompile()
-    return was_built, choice.failure
+def _build(choice: Any) -> str | Exception:
+    """Where the choice's kernel came from ("compiled" here or in a worker process,
+    "disk", "memory"), or the error; compiles in a worker where there are any, as
+    under Inductor."""
+    try:
+        in_worker = build_in_worker(choice.bmreq)
+        here = choice.load().origin
+    except Exception as err:
+        return err
+    return in_worker or here

@@ -14,7 +14,10 @@ compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key
 each argument).
 
 Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming the
-template, parameters and generated file; nothing is cached for it.
+template, parameters and generated file; nothing is cached for it. An arch CuTe DSL
+does not know, or compile options that set what the package sets itself (the arch,
+TVM-FFI, the host target: an entry's label must be what it holds), are ``ConfigError``
+before anything compiles.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..exc import KernelCompileError, format_params
+from ..exc import ConfigError, KernelCompileError, format_params
 from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ def toolchain_versions() -> dict[str, str]:
 def target_arch() -> str:
     """``config.arch``, else the current GPU's (``sm_90a`` on Hopper), else sm_90a."""
     if config.arch:
-        return config.arch
+        return check_cute_arch(config.arch, "cutedsl_inductor.config.arch")
     import torch
 
     if torch.cuda.is_available():
@@ -79,7 +82,23 @@ def target_arch() -> str:
     return "sm_90a"
 
 
+@functools.cache
+def cute_archs() -> tuple[str, ...]:
+    """The arch names CuTe DSL compiles for."""
+    from cutlass.base_dsl import Arch
+
+    return tuple(Arch.__members__)
+
+
+def check_cute_arch(arch: str, variable: str) -> str:
+    if arch not in cute_archs():
+        raise ConfigError(variable=variable, value=arch,
+                          accepted=f"an arch CuTe DSL compiles for: {', '.join(cute_archs())}")
+    return arch
+
+
 def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
+    config.check_compile_options(config.compile_options, "cutedsl_inductor.config.compile_options")
     material = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "entry": entry,
@@ -109,36 +128,36 @@ def compile_entry(
     key: str,
     arch: str,
     describe: dict[str, Any],
-) -> Any:
-    """The compiled TVM-FFI function for ``entry_fn`` at ``specs``; compiles on a miss.
+) -> tuple[Any, str]:
+    """The compiled TVM-FFI function for ``entry_fn`` at ``specs`` and where it came
+    from: "memory" (this process had it), "disk" (the disk cache) or "compiled".
 
     ``describe`` (kernel, template, params, path) goes into errors and cache metadata.
     """
     compiled = _COMPILED.get(key)
     if compiled is not None:
         stats["memory_hits"] += 1
-        return compiled
+        return compiled, "memory"
     from .disk_cache import default_cache
 
     with _COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
-            return compiled
-        cache = default_cache() if config.disk_cache else None
-        if cache is None:
-            compiled = _compile(entry_fn, specs, arch, describe)
+            return compiled, "memory"
+        if not config.disk_cache:
+            compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
         else:
-            with cache.lock(key):
+            with default_cache().entry(key) as entry:
                 start = time.perf_counter()
-                compiled = cache.load(key)
+                compiled, origin = entry.load(), "disk"
                 if compiled is not None:
                     stats["disk_hits"] += 1
                     stats["disk_load_s"] += time.perf_counter() - start
                 else:
-                    compiled = _compile(entry_fn, specs, arch, describe)
-                    cache.store(key, compiled, describe | {"arch": arch})
+                    compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
+                    entry.store(compiled, describe | {"arch": arch})
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
-        return compiled
+        return compiled, origin
 
 
 def plain_ffi_function(compiled: Any) -> Any:

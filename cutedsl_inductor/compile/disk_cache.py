@@ -1,41 +1,62 @@
-"""On-disk cache of compiled kernels: TVM-FFI object files plus a JSON manifest each.
+"""On-disk cache of compiled kernels: TVM-FFI object files, each with a sealed manifest.
 
-Layout: ``<root>/<key[:2]>/<key>.o`` (from ``export_to_c``), ``<key>.json`` (the
-manifest: key, exported symbol, byte size and sha256 of the object, toolchain versions,
-arch, kernel, template, parameters) and ``<key>.lock``. ``root`` is
-``config.cache_dir`` (env ``CUTEDSL_INDUCTOR_CACHE_DIR``), else ``cutedsl/`` under
-Inductor's cache dir.
+Layout under ``root`` (``config.cache_dir``, env ``CUTEDSL_INDUCTOR_CACHE_DIR``, else
+``cutedsl/`` under Inductor's cache dir): ``secret`` (``integrity.py``) and, per entry,
+in ``<key[:2]>/``: ``<key>.o`` (``export_to_c``), ``<key>.json`` (the manifest: key,
+size and sha256 of the object, versions, arch, kernel, template, parameters, sealed
+under the secret), ``<key>.lock`` and, while a write is under way,
+``.<key>.<o|json>.<random>.tmp``. The cache owns those names and nothing else: ``clear``
+removes exactly those (regular files, in real folders) and follows no symlink.
 
-Invariants: files are written to a temp name in the same folder and ``os.replace``d
-into place, the object first and the manifest last, so an entry exists only once it is
-complete. ``lock(key)`` (a file lock) serialises compiling one key across processes:
-a second process waits, then loads what the first stored. ``load`` checks the
-manifest's key and versions and the object's size and sha256 before loading it.
+Invariants: an entry is written only under its lock, the object first and the manifest
+last, each atomically, so an entry exists only once complete; a second process wanting
+the same key waits on the lock, then loads what the first stored. ``load`` reads the
+manifest and the object once each, checks the seal, the key, the size and the sha256,
+and loads those very bytes (from a private copy); the symbol is derived from the key.
+Folders are created 0700, files 0600.
 
-Failure semantics: a truncated, corrupt or foreign entry is removed (with a warning)
-and ``load`` returns None, so the caller rebuilds it; a failing store only logs.
+Modes, decided at first use and, unless read-write, said in one warning: read-write;
+read-only when the root belongs to another user or is not writable (entries load where
+they verify; nothing is locked, written or removed); off when the root is no usable
+folder or its secret is untrusted, or missing from a read-only root (nothing there can
+be verified): kernels compile in memory.
+
+Failure semantics: no OSError escapes. A fault (open, lock, read, load, write, remove)
+is one warning per kind, and the kernel still comes: loaded where it verifies, else
+compiled (and kept in memory only when it cannot be stored). A damaged, forged or
+foreign entry is rebuilt (removed first, under its lock).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import os
-import tempfile
+import re
+import stat
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from .. import config
 from ..exc import CacheEntryError
+from .cache_files import Folder, make_dirs, private_dir
+from .integrity import check_seal, read_secret, seal
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+_KEY = re.compile(r"[0-9a-f]{64}")
+_FOLDER = re.compile(r"[0-9a-f]{2}")
+# the files of an entry, and its temp files while written (``Folder.write_atomic``)
+_ENTRY_FILE = re.compile(r"(?P<key>[0-9a-f]{64})\.(o|json|lock)")
+_TEMP_FILE = re.compile(r"\.(?P<key>[0-9a-f]{64})\.(o|json)\.[0-9a-f]{16}\.tmp")
 
 
 def default_root() -> Path:
@@ -59,15 +80,22 @@ def symbol_for(key: str) -> str:
     return f"cutedsl_{key[:24]}"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    writable: bool
+    secret: bytes | None  # None: the cache is off
+    note: str | None  # why it is not read-write
+
+
+@dataclasses.dataclass
+class ClearResult:
+    removed: int = 0  # entries (manifests) removed
+    busy: int = 0  # entries being written by another process, left alone
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def _describe(err: OSError) -> str:
+    return f"{type(err).__name__}: {err}"
 
 
 class KernelDiskCache:
@@ -75,87 +103,244 @@ class KernelDiskCache:
         self.root = Path(root)
         # loaded modules stay referenced: their functions point into them
         self._modules: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._mode: Mode | None = None
+        self._warned: set[str] = set()
 
-    def paths(self, key: str) -> tuple[Path, Path, Path]:
-        folder = self.root / key[:2]
-        return folder / f"{key}.o", folder / f"{key}.json", folder / f"{key}.lock"
+    @property
+    def mode(self) -> Mode:
+        with self._lock:
+            if self._mode is None:
+                self._mode = self._open()
+                if self._mode.note is not None:
+                    log.warning("CuteDSL kernel cache %s %s", self.root, self._mode.note)
+            return self._mode
 
-    def lock(self, key: str) -> FileLock:
-        lock_path = self.paths(key)[2]
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(lock_path))
+    def _open(self) -> Mode:
+        try:
+            make_dirs(self.root)
+            info = os.stat(self.root)
+        except OSError as err:
+            return Mode(False, None, f"cannot be used ({_describe(err)}); kernels compile "
+                                     "in memory")
+        if not stat.S_ISDIR(info.st_mode):
+            return Mode(False, None, "is not a folder; kernels compile in memory")
+        mine = info.st_uid == os.getuid()
+        writable = mine and os.access(self.root, os.W_OK | os.X_OK)
+        note = None if writable else (
+            f"belongs to uid {info.st_uid}, not to this user" if not mine else "is not writable")
+        try:
+            with Folder.open_root(self.root) as root:
+                secret = read_secret(root, info.st_uid, create=writable)
+        except OSError as err:
+            return Mode(False, None, f"cannot be used: its secret: {_describe(err)}; kernels "
+                                     "compile in memory")
+        if secret is None:
+            return Mode(False, None, f"{note} and has no secret, so its entries cannot be "
+                                     "verified; kernels compile in memory")
+        if note is not None:
+            note += ": used read-only (entries load where they verify; nothing is stored)"
+        return Mode(writable, secret, note)
 
-    # -- read ----------------------------------------------------------------------
+    def fault(self, action: str, err: OSError, consequence: str) -> None:
+        """One warning per kind of fault; the rest at debug level."""
+        with self._lock:
+            first = action not in self._warned
+            self._warned.add(action)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "CuteDSL kernel cache %s: could not %s (%s); %s", self.root, action,
+                _describe(err), consequence)
+
+    # -- one entry -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def entry(self, key: str) -> Iterator["Entry"]:
+        """The entry of ``key``, locked where the cache is writable (see ``Entry``)."""
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"not a cache key: {key!r}")
+        mode = self.mode
+        with contextlib.ExitStack() as stack:
+            folder = lock = None
+            if mode.secret is not None:
+                try:
+                    root = stack.enter_context(Folder.open_root(self.root))
+                    folder = stack.enter_context(root.child(key[:2], create=mode.writable))
+                except FileNotFoundError:
+                    pass  # read-only, and no such entry
+                except OSError as err:
+                    self.fault("open the entry folder", err, "compiling without the cache")
+            if folder is not None and mode.writable:
+                try:
+                    lock = folder.lock(f"{key}.lock")
+                except OSError as err:
+                    self.fault("lock an entry", err, "compiling without the lock; nothing is "
+                                                     "stored")
+                else:
+                    stack.callback(os.close, lock)
+            yield Entry(self, key, folder, held=lock is not None)
 
     def has(self, key: str) -> bool:
-        """Whether an entry for ``key`` is there (``load`` verifies it)."""
-        return self.paths(key)[1].exists()
+        """Whether an entry for ``key`` is there (``Entry.load`` verifies it)."""
+        if self.mode.secret is None:
+            return False
+        try:
+            manifest = os.stat(self.root / key[:2] / f"{key}.json", follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(manifest.st_mode)
 
-    def load(self, key: str) -> Any | None:
-        """The cached function for ``key``, or None (missing, or removed as unusable)."""
-        obj_path, manifest_path, _ = self.paths(key)
-        if not manifest_path.exists():
+    # -- maintenance ---------------------------------------------------------------
+
+    def _folders(self) -> Iterator[Folder]:
+        """The root's entry folders (real folders named like ``key[:2]``); none if the
+        root is no folder."""
+        try:
+            root = Folder.open_root(self.root)
+        except OSError:
+            return
+        with root:
+            for name in sorted(root.names()):
+                if not _FOLDER.fullmatch(name):
+                    continue
+                try:
+                    folder = root.child(name)  # no symlink, no file
+                except OSError:
+                    continue
+                with folder:
+                    yield folder
+
+    def _keys(self, folder: Folder) -> dict[str, list[str]]:
+        """key -> its file names in ``folder`` (entry files and temp files)."""
+        keys: dict[str, list[str]] = {}
+        for name in folder.names():
+            match = _ENTRY_FILE.fullmatch(name) or _TEMP_FILE.fullmatch(name)
+            if match and match["key"][:2] == folder.path.name:
+                keys.setdefault(match["key"], []).append(name)
+        return keys
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The manifest of each entry, with "verified" (its seal and key check out) or
+        "corrupt", and "disk_bytes" (what its files take)."""
+        found = []
+        secret = self.mode.secret
+        for folder in self._folders():
+            for key, names in sorted(self._keys(folder).items()):
+                if not folder.is_file(f"{key}.json"):
+                    continue
+                try:
+                    manifest = json.loads(folder.read(f"{key}.json"))
+                    manifest["verified"] = bool(secret and check_seal(secret, manifest)
+                                                and manifest.get("key") == key)
+                except FileNotFoundError:
+                    continue  # no entry (yet, or any more)
+                except (OSError, ValueError, TypeError, AttributeError):
+                    manifest = {"corrupt": True}
+                size = sum(folder.file_size(name) for name in names)
+                found.append({**manifest, "key": key, "disk_bytes": size})
+        return found
+
+    def clear(self) -> ClearResult:
+        """Remove every entry not being written right now (its lock held)."""
+        result = ClearResult()
+        for folder in self._folders():
+            for key, names in sorted(self._keys(folder).items()):
+                try:
+                    lock = folder.lock(f"{key}.lock", blocking=False)
+                    if lock is None:
+                        result.busy += 1
+                        continue
+                    try:
+                        result.removed += folder.unlink_file(f"{key}.json")
+                        for name in names:
+                            if not name.endswith(".lock"):
+                                folder.unlink_file(name)
+                        folder.unlink_file(f"{key}.lock")  # waiters then lock anew
+                    finally:
+                        os.close(lock)
+                except OSError as err:
+                    result.errors.append(f"{folder.path / key}: {_describe(err)}")
+        return result
+
+
+@dataclasses.dataclass
+class Entry:
+    """One key's entry: ``folder`` None where the cache has none to offer; ``held``
+    whether this process holds its lock (and so may write or remove it)."""
+
+    cache: KernelDiskCache
+    key: str
+    folder: Folder | None
+    held: bool
+
+    def load(self) -> Any | None:
+        """The cached function, or None (missing, unreadable or unusable)."""
+        if self.folder is None:
             return None
         try:
-            manifest = self._verified_manifest(key, obj_path, manifest_path)
-            import cutlass.cute as cute
-
-            module = cute.runtime.load_module(str(obj_path), enable_tvm_ffi=True)
-            function = getattr(module, manifest["symbol"])
+            manifest = self.folder.read(f"{self.key}.json")
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self.cache.fault("read an entry", err, "compiling it")
+            return None
+        try:
+            try:
+                data = self.folder.read(f"{self.key}.o")
+            except FileNotFoundError:
+                data = None
+            self._check(manifest, data)
+            module, function = _load_object(data, symbol_for(self.key))
+        except OSError as err:
+            self.cache.fault("read an entry", err, "compiling it")
+            return None
         except Exception as err:
             reason = err if isinstance(err, CacheEntryError) else repr(err)
-            log.warning("removing unusable CuteDSL cache entry %s: %s", obj_path, reason)
-            self.remove(key)
+            what = "removing" if self.held else "ignoring"
+            log.warning("%s unusable CuteDSL cache entry %s: %s", what,
+                        self.folder.path / f"{self.key}.o", reason)
+            if self.held:
+                self.remove()
             return None
-        self._modules[key] = module
+        self.cache._modules[self.key] = module
         return function
 
-    def _verified_manifest(self, key: str, obj_path: Path, manifest_path: Path) -> dict:
-        from .compiler import toolchain_versions
+    def _check(self, manifest_bytes: bytes, data: bytes | None) -> None:
+        path = self.folder.path / f"{self.key}.json"
+
+        def unusable(reason: str) -> CacheEntryError:
+            return CacheEntryError(path=path, reason=reason)
 
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as err:
-            raise CacheEntryError(path=manifest_path, reason=f"bad manifest: {err}") from err
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("key") != key:
-            raise CacheEntryError(path=manifest_path, reason="foreign entry (key differs)")
-        if manifest.get("versions") != toolchain_versions():
-            raise CacheEntryError(path=manifest_path, reason="built by other versions")
-        try:
-            data = obj_path.read_bytes()
-        except OSError as err:
-            raise CacheEntryError(path=obj_path, reason=f"object missing: {err}") from err
+            manifest = json.loads(manifest_bytes)
+        except ValueError as err:
+            raise unusable(f"bad manifest: {err}") from err
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            raise unusable(f"not a manifest of format {MANIFEST_FORMAT}")
+        if not check_seal(self.cache.mode.secret, manifest):
+            raise unusable("its seal does not verify (not written by this cache, or edited)")
+        if manifest.get("key") != self.key:
+            raise unusable("foreign entry (key differs)")
+        if data is None:
+            raise unusable("object missing")
         if len(data) != manifest.get("size"):
-            raise CacheEntryError(
-                path=obj_path, reason=f"truncated ({len(data)} of {manifest.get('size')} bytes)"
-            )
+            raise unusable(f"truncated ({len(data)} of {manifest.get('size')} bytes)")
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-            raise CacheEntryError(path=obj_path, reason="checksum mismatch")
-        return manifest
+            raise unusable("checksum mismatch")
 
-    # -- write ---------------------------------------------------------------------
-
-    def store(self, key: str, compiled: Any, describe: dict[str, Any]) -> None:
-        """Export ``compiled`` (a TVM-FFI compiled function) under ``key``; hold
-        ``lock(key)`` around the compile and this call."""
+    def store(self, compiled: Any, describe: dict[str, Any]) -> None:
+        """Export ``compiled`` (a TVM-FFI compiled function) here, if the lock is held."""
         from .compiler import toolchain_versions
 
-        obj_path, manifest_path, _ = self.paths(key)
-        symbol = symbol_for(key)
+        if not self.held:
+            return
         try:
-            obj_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=obj_path.parent, suffix=".o")
-            os.close(fd)
-            try:
-                compiled.export_to_c(tmp, function_name=symbol)
-                data = Path(tmp).read_bytes()
-                os.replace(tmp, obj_path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            with private_dir() as folder:
+                compiled.export_to_c(str(folder / "kernel.o"),
+                                     function_name=symbol_for(self.key))
+                data = (folder / "kernel.o").read_bytes()
             manifest = {
                 "format": MANIFEST_FORMAT,
-                "key": key,
-                "symbol": symbol,
+                "key": self.key,
                 "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "versions": toolchain_versions(),
@@ -163,32 +348,30 @@ class KernelDiskCache:
                 **{k: describe.get(k) for k in ("kernel", "template", "arch", "path", "signature")},
                 "params": {k: repr(v) for k, v in describe.get("params", {}).items()},
             }
-            _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())
+            manifest["mac"] = seal(self.cache.mode.secret, manifest)
+            self.folder.write_atomic(f"{self.key}.o", data)
+            self.folder.write_atomic(f"{self.key}.json", json.dumps(manifest, indent=1).encode())
+        except OSError as err:
+            self.cache.fault("store a kernel", err, "it is kept in memory only")
         except Exception:
-            log.warning("could not store CuteDSL kernel %s in %s", key, self.root,
+            log.warning("could not store CuteDSL kernel %s in %s", self.key, self.cache.root,
                         exc_info=True)
 
-    def remove(self, key: str) -> None:
-        obj_path, manifest_path, _ = self.paths(key)
-        manifest_path.unlink(missing_ok=True)
-        obj_path.unlink(missing_ok=True)
+    def remove(self) -> None:
+        try:
+            self.folder.unlink_file(f"{self.key}.json")  # the entry ends with its manifest
+            self.folder.unlink_file(f"{self.key}.o")
+        except OSError as err:
+            self.cache.fault("remove an entry", err, "it is left in place")
 
-    # -- maintenance ---------------------------------------------------------------
 
-    def entries(self) -> list[dict[str, Any]]:
-        found = []
-        for manifest_path in sorted(self.root.glob("*/*.json")):
-            try:
-                found.append(json.loads(manifest_path.read_text()))
-            except (OSError, ValueError):
-                found.append({"key": manifest_path.stem, "corrupt": True})
-        return found
+def _load_object(data: bytes, symbol: str) -> tuple[Any, Any]:
+    """(module, function) loaded from ``data``, through a private copy of it."""
+    import cutlass.cute as cute
 
-    def clear(self) -> int:
-        """Remove every entry; returns how many manifests were removed."""
-        removed = 0
-        for path in sorted(self.root.glob("*/*")):
-            if path.suffix in (".o", ".json", ".tmp"):
-                removed += path.suffix == ".json"
-                path.unlink(missing_ok=True)
-        return removed
+    with private_dir() as folder:
+        path = folder / "kernel.o"
+        with open(path, "xb") as f:
+            f.write(data)
+        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+        return module, getattr(module, symbol)

@@ -28,7 +28,8 @@ Failure semantics:
   compile it again;
 - any other failure in a worker (its environment, not the kernel) is logged and the
   kernel compiles here instead.
-Without the disk cache a worker could hand nothing back: none is used.
+Without a disk cache it can write (none, or one used read-only) a worker could hand
+nothing back: none is used.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import re
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import config
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
@@ -62,9 +63,10 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-c", WORKER_SOURCE],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
-    def build(self, request: Any) -> CuteDSLInductorError | str | None:
-        """The worker's reply; EOFError or BrokenPipeError if it died, _NotStarted if it
-        died before it was ready (it could not start: its environment, not a kernel)."""
+    def build(self, request: Any) -> "str | CuteDSLInductorError | _Failed":
+        """The worker's reply (see ``_build``); EOFError or BrokenPipeError if it died,
+        _NotStarted if it died before it was ready (it could not start: its
+        environment, not a kernel)."""
         if not self.ready:
             try:
                 said = pickle.load(self.process.stdout)
@@ -87,6 +89,12 @@ class _NotStarted(Exception):
     pass
 
 
+class _Failed(NamedTuple):
+    """A worker's failure that is not about the kernel (its text)."""
+
+    text: str
+
+
 _READY = "ready"
 # idle workers and how many are running (guarded by _LOCK); why workers cannot start here
 _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
@@ -95,34 +103,38 @@ _LOCK = threading.Lock()
 _cannot_start: str | None = None
 
 
-def build_in_worker(request: Any) -> None:
+def build_in_worker(request: Any) -> str | None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
-    worker could help (none configured, no disk cache, the kernel already built)."""
+    worker could help (none configured, no writable disk cache, the kernel already
+    built): where the worker found it ("compiled", "disk"), or None when no worker
+    built it."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
-            or not _compiles_when_loaded(request) or already_built(request)):
-        return
+            or not _compiles_when_loaded(request) or not _worker_would_help(request)):
+        return None
     try:
         worker = _acquire(request.knobs["arch"])
     except OSError as err:  # not even spawned
         _give_up(f"{type(err).__name__}: {err}")
-        return
+        return None
     try:
-        error = worker.build(request)
+        reply = worker.build(request)
     except _NotStarted as err:
         _retire(worker)
         _give_up(str(err))
-        return
+        return None
     except (EOFError, OSError, pickle.UnpicklingError) as err:
         _retire(worker)
         raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
                                  params=format_params(request.params),
                                  cause=f"{type(err).__name__}: {err}") from err
     _IDLE.put(worker)
-    if isinstance(error, str):
+    if isinstance(reply, _Failed):
         log.warning("a compile worker failed on %s (%s); compiling it in this process",
-                    request.kernel_name, error)
-    elif error is not None:
-        raise error
+                    request.kernel_name, reply.text)
+        return None
+    if isinstance(reply, CuteDSLInductorError):
+        raise reply
+    return reply
 
 
 def _give_up(reason: str) -> None:
@@ -153,15 +165,17 @@ def _compiles_when_loaded(request: Any) -> bool:
                      request.source) is not None
 
 
-def already_built(request: Any) -> bool:
-    """Whether ``request``'s kernel is compiled in this process or in the disk cache."""
+def _worker_would_help(request: Any) -> bool:
+    """Whether what a worker stores would reach this process: the disk cache takes it
+    (it is writable) and ``request``'s kernel is neither compiled here nor there yet."""
     from ..runtime.loader import kernel_key
     from .compiler import _COMPILED
     from .disk_cache import default_cache
 
     with config.patch(**request.knobs):
+        cache = default_cache()
         key = kernel_key(request.kernel_name, request.source, request.specs)
-        return key in _COMPILED or default_cache().has(key)
+        return cache.mode.writable and key not in _COMPILED and not cache.has(key)
 
 
 def _acquire(arch: str) -> _Worker:
@@ -187,16 +201,15 @@ def _retire(worker: _Worker) -> None:
         _running -= 1
 
 
-def _build(request: Any) -> CuteDSLInductorError | str | None:
-    """In the worker: compile into the disk cache. The reply: None, our error about the
-    kernel (picklable), or the text of any other failure."""
+def _build(request: Any) -> str | CuteDSLInductorError | _Failed:
+    """In the worker: compile into the disk cache. The reply: where the kernel came from
+    ("compiled", "disk"), our error about the kernel (picklable), or any other failure."""
     try:
-        request.load()
+        return request.load().origin
     except CuteDSLInductorError as err:
         return err
     except Exception as err:
-        return f"{type(err).__name__}: {err}"
-    return None
+        return _Failed(f"{type(err).__name__}: {err}")
 
 
 def serve() -> None:

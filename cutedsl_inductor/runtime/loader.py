@@ -2,8 +2,13 @@
 
 Inductor's output code calls ``load_kernel(name, source, specs, ...)`` once per kernel
 when the output module is imported; autotuning calls it for each choice. CuTe DSL
-compiles from source files, so the source is written to Inductor's code cache
-(``PyCodeCache``: a real ``.py`` file, named by its hash) and imported from there.
+reads its functions' source (``inspect``, through ``linecache``), so the source is
+written to Inductor's code cache (``PyCodeCache``: a real ``.py`` file, named by its
+hash, shown in errors). What runs is the source held here, never what the file holds:
+the module is executed from that text under the file's name, and ``linecache`` is
+given the same text for that name (an entry no file check evicts), so what CuTe reads
+is what was rendered. A file that differs (edited, or another rendering of the same
+stripped text) is written again, with a warning. One module per source per process.
 
 A ``@cute.jit`` entry is compiled once per specialization (memory, then disk cache,
 then the compiler); a plain Python entry gets its module's ``@cute.jit`` functions
@@ -14,11 +19,16 @@ point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
 
 from __future__ import annotations
 
+import hashlib
+import linecache
 import logging
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch._inductor.codecache import PyCodeCache
+from torch._inductor.codecache import PyCodeCache, write_atomic
 
 from ..compile.compiler import JitOnce, compile_entry, compile_key, is_cute_jit, target_arch
 from ..compile.specs import ArgSpec
@@ -31,9 +41,38 @@ log = logging.getLogger(__name__)
 kernel_code_log = torch._logging.getArtifactLogger("torch._inductor.cutedsl_inductor", "kernel_code")
 
 
+# sha256 of a source -> the module executed from it
+_MODULES: dict[str, types.ModuleType] = {}
+
+
 def write_source(source: str) -> tuple[str, str]:
     """(cache key, path) of ``source`` written as a ``.py`` file in Inductor's cache."""
     return PyCodeCache.write(source)
+
+
+def import_source(source: str) -> tuple[types.ModuleType, str]:
+    """(module, path): ``source`` executed as a module named after its file in
+    Inductor's cache (see the module docstring)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    key, path = write_source(source)
+    module = _MODULES.get(digest)
+    if module is not None:
+        return module, module.__file__
+    try:
+        on_disk = Path(path).read_bytes()
+    except FileNotFoundError:
+        on_disk = None
+    if on_disk != source.encode():
+        if on_disk is not None:
+            log.warning("generated CuteDSL source %s differs from the kernel's; writing it "
+                        "again", path)
+        write_atomic(path, source, make_dirs=True)
+    linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
+    module = types.ModuleType(f"cutedsl_inductor.generated.{key}")
+    module.__file__ = path
+    exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+    sys.modules[module.__name__] = module
+    return _MODULES.setdefault(digest, module), path
 
 
 def kernel_key(kernel_name: str, source: str, specs: list[ArgSpec]) -> str:
@@ -50,11 +89,10 @@ def load_kernel(
     template: str | None = None,
     params: dict[str, Any] | None = None,
 ) -> CuteDSLKernelWrapper:
-    key, path = write_source(source)
+    module, path = import_source(source)
     kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
     describe = {"kernel": kernel_name, "template": template, "params": params or {},
                 "path": path, "signature": ", ".join(spec.describe() for spec in specs)}
-    module = PyCodeCache.load_by_key_path(key, path)
     name = entry_name(kernel_name)
     entry = getattr(module, name, None)
     if entry is None:
@@ -68,12 +106,13 @@ def load_kernel(
         )
     arch = target_arch()
     if is_cute_jit(entry):
-        compiled = compile_entry(
+        compiled, origin = compile_entry(
             entry, specs, key=kernel_key(kernel_name, source, specs), arch=arch,
             describe=describe,
         )
         return TVMFFIKernelWrapper(
-            compiled, path, kernel_name=kernel_name, template=template, specs=specs
+            compiled, path, kernel_name=kernel_name, template=template, specs=specs,
+            origin=origin,
         )
     for attr, value in list(vars(module).items()):
         if is_cute_jit(value):

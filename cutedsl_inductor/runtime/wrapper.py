@@ -29,12 +29,16 @@ class CuteDSLKernelWrapper:
         kernel_name: str = "",
         template: str | None = None,
         specs: list[ArgSpec] | None = None,
+        origin: str | None = None,
     ) -> None:
         self.kernel_fn = kernel_fn
         self.kernel_path = kernel_path
         self.kernel_name = kernel_name
         self.template = template
         self.specs = specs
+        # where the binary came from: "compiled", "disk" or "memory" (``compile_entry``);
+        # None for an upstream-style entry, which compiles in its first call
+        self.origin = origin
 
     def run(self, *args: Any, stream: Any = None) -> Any:
         if self.specs is not None:

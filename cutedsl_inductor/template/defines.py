@@ -3,11 +3,14 @@
 Each parameter renders as ``NAME: cutlass.Constexpr = <literal>``. Accepted values:
 int, float, bool, str and torch.dtype (rendered as the matching cutlass type, e.g.
 ``cutlass.BFloat16``). Anything else is a ``TypeError`` naming the parameter, so a
-typo never turns into generated code that fails later in the CuTe compiler.
+typo never turns into generated code that fails later in the CuTe compiler. Names are
+pasted into the module, so each must be a Python identifier (not a keyword): anything
+else is a ``ValueError`` (``check_names``), never code.
 """
 
 from __future__ import annotations
 
+import keyword
 import math
 from typing import Any
 
@@ -63,7 +66,14 @@ def define_literal(name: str, value: Any) -> str:
     )
 
 
+def check_names(params: dict[str, Any]) -> None:
+    for name in params:
+        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+            raise ValueError(f"template parameter name {name!r} is not a Python identifier")
+
+
 def gen_defines(params: dict[str, Any]) -> str:
+    check_names(params)
     return "".join(
         f"{name}: cutlass.Constexpr = {define_literal(name, value)}\n"
         for name, value in params.items()

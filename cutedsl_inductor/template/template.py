@@ -15,7 +15,7 @@ returns quietly, with another source raises ``TemplateRegistryError``.
 Failure semantics: ``maybe_append_choice`` returns None or the error. No choice is made,
 with the reason, for inputs a kernel cannot run on (not on a CUDA device, or a GPU whose
 arch the configured ``config.arch`` does not match) or under Inductor's C++ wrapper
-(cpp_wrapper, AOTInductor), which cannot launch our kernels. Rendering errors (bad Jinja, bad parameter types, invalid Python) are logged at
+(cpp_wrapper, AOTInductor), which cannot launch our kernels. Rendering errors (bad Jinja, bad parameter names or types, invalid Python) are logged at
 warning level with the template, the parameters and the generated file, and returned.
 A choice that fails to compile or run while autotuning is logged the same way and
 benchmarks as ``inf``, so Inductor picks another choice.
@@ -42,6 +42,7 @@ from ..exc import (
     format_params,
 )
 from .caller import CuteDSLTemplateCaller, InputView
+from .defines import check_names
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class CuteDSLTemplate:
 
     def render(self, kernel: CuteDSLTemplateKernel) -> str:
         try:
+            check_names(kernel.params)
             return kernel.render(self.template)
         except Exception as err:
             raise TemplateRenderError(

@@ -1,24 +1,35 @@
-"""The on-disk kernel cache, with real GPU-less compiles of the add template."""
+"""The on-disk kernel cache, with real GPU-less compiles of the add template: entries,
+their integrity against damage and forgery, ``cache clear``."""
 
+import hashlib
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from cutedsl_inductor import config
+from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.compile.disk_cache import default_cache
+from cutedsl_inductor.runtime.loader import kernel_key
 from cutedsl_inductor.templates.elementwise import add_template
 from tests.helpers import make_input, make_layout
 
 
-def add_choice(graph, threads=128, shape=(64, 128)):
-    inputs = [make_input(graph, "arg0_1", shape), make_input(graph, "arg1_1", shape)]
-    return add_template.generate(input_nodes=inputs, layout=make_layout(shape),
+def add_choice(graph, threads=128, shape=(64, 128), dtype=torch.float32):
+    inputs = [make_input(graph, "arg0_1", shape, dtype), make_input(graph, "arg1_1", shape, dtype)]
+    return add_template.generate(input_nodes=inputs, layout=make_layout(shape, dtype),
                                  THREADS=threads, VECTOR=4)
+
+
+def key_of(choice):
+    return kernel_key(choice.name, choice.source, choice.specs)
 
 
 def fresh_process_load(graph, **kwargs):
@@ -130,3 +141,146 @@ def test_processes_compiling_the_same_kernel_at_once_compile_it_once(kernel_cach
     assert sum(c for c, _ in counts) == 1
     assert sum(h for _, h in counts) == 2
     assert len(entry_files(kernel_cache_dir)) == 2
+
+
+def entry_paths(cache_dir, key):
+    folder = Path(cache_dir) / key[:2]
+    return folder / f"{key}.o", folder / f"{key}.json"
+
+
+@pytest.mark.parametrize("forgery", ["swapped_object", "edited_object", "renamed_entry"])
+def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
+    """Its manifest edited to match (size, sha256), as one who can write the cache but
+    not read its secret would: the seal, or the key it binds, gives it away."""
+    fp16 = add_choice(graph, threads=256, dtype=torch.float16)
+    bf16 = add_choice(graph, threads=128, dtype=torch.bfloat16)
+    for choice in (fp16, bf16):
+        compiler._COMPILED.clear()
+        choice.load()
+    (obj, manifest), (other_obj, other_manifest) = (entry_paths(kernel_cache_dir, key_of(c))
+                                                    for c in (fp16, bf16))
+    if forgery == "renamed_entry":
+        obj.write_bytes(other_obj.read_bytes())
+        manifest.write_bytes(other_manifest.read_bytes())
+    else:
+        data = bytearray((other_obj if forgery == "swapped_object" else obj).read_bytes())
+        if forgery == "edited_object":
+            data[len(data) // 2] ^= 0xFF
+        obj.write_bytes(bytes(data))
+        fields = json.loads(manifest.read_text())
+        fields.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        manifest.write_text(json.dumps(fields))
+    compiler._COMPILED.clear()
+    add_choice(graph, threads=256, dtype=torch.float16).load()
+    assert compiler.stats["compiled"] == 3 and compiler.stats["disk_hits"] == 0
+    reason = "key differs" if forgery == "renamed_entry" else "seal does not verify"
+    assert "removing unusable CuteDSL cache entry" in caplog.text and reason in caplog.text
+
+
+def test_the_bytes_verified_are_the_bytes_loaded(graph, kernel_cache_dir, monkeypatch):
+    """The loader gets a private copy of what was read and checked, never the path an
+    attacker could swap in between."""
+    import cutlass.cute as cute
+
+    choice = add_choice(graph)
+    choice.load()
+    obj, _ = entry_paths(kernel_cache_dir, key_of(choice))
+    loaded = []
+    real_load = cute.runtime.load_module
+
+    def recording_load(path, **kwargs):
+        loaded.append((Path(path), Path(path).read_bytes(),
+                       stat.S_IMODE(os.stat(Path(path).parent).st_mode)))
+        return real_load(path, **kwargs)
+
+    monkeypatch.setattr(cute.runtime, "load_module", recording_load)
+    fresh_process_load(graph)
+    assert compiler.stats["disk_hits"] == 1
+    ((path, data, folder_mode),) = loaded
+    assert kernel_cache_dir not in path.parents and folder_mode == 0o700
+    assert data == obj.read_bytes()
+    assert not path.exists()
+
+
+def test_the_cache_is_private_under_umask_000(graph, kernel_cache_dir):
+    old = os.umask(0)
+    try:
+        fresh_process_load(graph)
+    finally:
+        os.umask(old)
+    paths = [kernel_cache_dir, *kernel_cache_dir.rglob("*")]
+    assert len(paths) == 6  # the root, secret, a folder, the entry's .o, .json and .lock
+    for path in paths:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+
+
+def snapshot(root):
+    """path -> (kind, content or link target, mtime) for everything under ``root``."""
+    found = {}
+    for path in [root, *root.rglob("*")]:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            found[path] = ("link", os.readlink(path), info.st_mtime_ns)
+        elif stat.S_ISDIR(info.st_mode):
+            found[path] = ("dir", None, info.st_mtime_ns)
+        else:
+            found[path] = ("file", path.read_bytes(), info.st_mtime_ns)
+    return found
+
+
+def test_clear_removes_only_what_the_cache_wrote(graph, kernel_cache_dir, tmp_path, capsys):
+    choice = add_choice(graph)
+    choice.load()
+    key = key_of(choice)
+    other = "ee" + key[2:]
+    outside = tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    for name in ("settings.json", "lib.o", f"{other}.json", f"{other}.o", "deeper/x.json"):
+        (outside / name).write_text(f"theirs: {name}")
+    (kernel_cache_dir / "ee").symlink_to(outside)  # a subfolder linked elsewhere
+    folder = kernel_cache_dir / key[:2]
+    planted = [folder / "notes.json", folder / "x.o", folder / ".x.tmp", kernel_cache_dir / "lib.o"]
+    for path in planted:
+        path.write_text("not the cache's")
+    (folder / f"{key[:2]}{'0' * 62}.json").mkdir()  # key-named, but a directory
+    (folder / f"{key[:2]}{'1' * 62}.o").symlink_to(outside / "lib.o")
+    before = snapshot(outside)
+    assert cli_main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert not any(path.name.startswith(key) for path in folder.iterdir())
+    assert all(path.read_text() == "not the cache's" for path in planted)
+    assert (folder / f"{key[:2]}{'0' * 62}.json").is_dir()
+    assert (folder / f"{key[:2]}{'1' * 62}.o").is_symlink()
+    assert snapshot(outside) == before
+    assert cli_main(["cache", "info"]) == 0
+    assert "entries:   0" in capsys.readouterr().out
+
+
+def test_a_project_folder_as_cache_dir_keeps_its_files(tmp_path, monkeypatch, capsys):
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "ab").mkdir()
+    for name in ("src/package.json", "src/main.o", "ab/cd.json", "README.md"):
+        (project / name).write_text(name)
+    before = snapshot(project)
+    monkeypatch.setattr(config, "cache_dir", str(project))
+    assert cli_main(["cache", "info"]) == 0
+    assert "entries:   0" in capsys.readouterr().out
+    assert cli_main(["cache", "clear"]) == 0
+    assert "removed 0 entries" in capsys.readouterr().out
+    after = snapshot(project)
+    assert [path.name for path in set(after) - set(before)] == ["secret"]  # the cache's own
+    del after[project / "secret"], after[project], before[project]  # the root: mtime
+    assert after == before
+
+
+def test_clear_leaves_an_entry_being_written(graph, kernel_cache_dir, capsys):
+    choice = add_choice(graph)
+    choice.load()
+    key = key_of(choice)
+    with default_cache().entry(key) as entry:  # held, as while compiling and storing
+        assert entry.held
+        assert cli_main(["cache", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 0 entries" in out and "1 being written now were left" in out
+    assert all(p.exists() for p in entry_paths(kernel_cache_dir, key))

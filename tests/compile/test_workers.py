@@ -1,5 +1,6 @@
 """Compiling in worker processes: real spawned workers, real GPU-less compiles."""
 
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +44,17 @@ def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
     (again,) = add_choices(graph, (128,))
     again.precompile()
     assert workers._running == 0 and again.failure is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder of another user needs root")
+def test_a_cache_used_read_only_sends_nothing_to_workers(graph, two_workers, kernel_cache_dir):
+    """What a worker compiled could not be stored there: this process compiles it."""
+    kernel_cache_dir.mkdir()
+    os.chown(kernel_cache_dir, 12345, 12345)
+    (choice,) = add_choices(graph, (128,))
+    choice.precompile()
+    assert choice.failure is None and workers._running == 0
+    assert compiler.stats["compiled"] == 1
 
 
 def test_a_compile_error_in_a_worker_comes_back_in_full(graph, two_workers):

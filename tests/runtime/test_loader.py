@@ -1,6 +1,7 @@
 """Loading generated modules: both entry styles, with real GPU-less compiles."""
 
 import logging
+import sys
 
 import pytest
 import tvm_ffi
@@ -72,3 +73,28 @@ def test_failing_choice_is_dropped_not_raised(graph, caplog):
     assert isinstance(choice.failure, KernelCompileError)
     assert "dropping CuteDSL choice" in caplog.text and "TILE=32" in caplog.text
     assert choice.benchmark(out=None) == float("inf")
+
+
+def test_what_runs_is_the_rendered_source_not_the_file(graph, tmp_path, caplog):
+    """The generated file in Inductor's cache is written by anyone who can write there:
+    the loader executes the source it holds, restores the file, and CuTe DSL (which reads
+    its functions' source through linecache) sees the rendered text."""
+    import inspect
+    from pathlib import Path
+
+    from cutedsl_inductor.runtime.loader import write_source
+
+    choice = add_template.generate(input_nodes=inputs(graph, (32, 96)),
+                                   layout=make_layout((32, 96)), THREADS=64, VECTOR=2)
+    _, path = write_source(choice.source)
+    marker = tmp_path / "ran"
+    Path(path).write_text(f"open({str(marker)!r}, 'w').close()\n{choice.source}")
+    wrapper = choice.load()
+    assert isinstance(wrapper.kernel_fn, tvm_ffi.Function) and wrapper.origin == "compiled"
+    assert not marker.exists()
+    assert "differs from the kernel's; writing it again" in caplog.text
+    assert Path(path).read_text() == choice.source
+    Path(path).write_text("# edited after loading\n")
+    module = sys.modules[f"cutedsl_inductor.generated.{Path(path).stem}"]
+    entry = getattr(module, f"{choice.name}_main")
+    assert inspect.getsource(entry) in choice.source

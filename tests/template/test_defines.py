@@ -38,3 +38,10 @@ def test_dtype_mapping(dtype, name):
 def test_dtype_without_cutlass_type_is_an_error():
     with pytest.raises(TypeError, match="complex64"):
         cutlass_dtype_name(torch.complex64)
+
+
+@pytest.mark.parametrize("name", ["Z = 1\nimport os; os.system('true')\nW", "A B", "1ST",
+                                  "class", "", "T-1"])
+def test_a_parameter_name_that_is_not_an_identifier_is_refused(name):
+    with pytest.raises(ValueError, match="is not a Python identifier"):
+        gen_defines({name: 1})

@@ -41,6 +41,18 @@ def test_render_error_is_returned_and_logged(graph, caplog):
     assert "undefined_var" in caplog.text and "THREADS=64" in caplog.text
 
 
+def test_a_parameter_name_is_never_code(graph, tmp_path):
+    marker = tmp_path / "ran"
+    name = f"Z = 1\nimport os; os.system('touch {marker}')\nW"
+    template = CuteDSLTemplate("named_params", ADD_SOURCE)
+    choices = []
+    err = template.maybe_append_choice(choices, input_nodes=add_inputs(graph),
+                                       layout=make_layout((64, 128)), THREADS=64, VECTOR=4,
+                                       **{name: 1})
+    assert isinstance(err, TemplateRenderError) and choices == []
+    assert "is not a Python identifier" in str(err) and not marker.exists()
+
+
 def test_invalid_python_names_the_generated_file(graph, caplog):
     template = CuteDSLTemplate("bad_python", "{{def_kernel('a', 'b')}}\n    return (\n")
     choices = []

@@ -1,0 +1,64 @@
+"""Knobs from environment variables: parsed strictly, a bad value one clear error."""
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutedsl_inductor import config
+from cutedsl_inductor.exc import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def reload_config(monkeypatch):
+    """Re-read the knobs from the environment as set in the test (and again after)."""
+    yield lambda: importlib.reload(config)
+    monkeypatch.undo()
+    importlib.reload(config)
+
+
+@pytest.mark.parametrize("raw, value", [("1", True), ("TRUE", True), (" yes ", True),
+                                        ("On", True), ("0", False), ("false", False),
+                                        ("NO", False), ("off", False), ("", True)])
+def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, value):
+    monkeypatch.setenv("CUTEDSL_INDUCTOR_DISK_CACHE", raw)
+    assert reload_config().disk_cache is value
+
+
+@pytest.mark.parametrize("variable, raw, accepted", [
+    ("CUTEDSL_INDUCTOR_DISK_CACHE", "maybe", "a boolean: 1/true/yes/on/0/false/no/off"),
+    ("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", "disabled", "a boolean"),
+    ("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", "abc", "an integer from 1 to 1024"),
+    ("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", "0", "an integer from 1 to 1024"),
+    ("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", "-5", "an integer from 0 to 64"),
+    ("CUTEDSL_INDUCTOR_COMPILE_WORKERS", "100000", f"an integer from 0 to {os.cpu_count()}"),
+    ("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", "1e3", "an integer from 0 to 60000"),
+    ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--gpu-arch sm_80", "other than --gpu-arch"),
+    ("CUTEDSL_INDUCTOR_ARCH", "foo", "a GPU arch such as sm_90a"),
+    ("CUTE_DSL_ARCH", "sm90", "a GPU arch such as sm_90a"),
+    ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "x(): pass\nimport os", "letters, digits and _"),
+])
+def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_config,
+                                                            variable, raw, accepted):
+    monkeypatch.delenv("CUTEDSL_INDUCTOR_ARCH", raising=False)
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(ConfigError) as info:
+        reload_config()
+    assert str(info.value).startswith(f"{variable}={raw.strip()!r} is not accepted: expected ")
+    assert accepted in str(info.value)
+
+
+def test_the_import_fails_with_that_one_line():
+    env = {**os.environ, "CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS": "abc"}
+    run = subprocess.run([sys.executable, "-c", "import cutedsl_inductor"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "cutedsl_inductor.exc.ConfigError: CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS='abc' is not "
+        "accepted: expected an integer from 1 to 1024")
+    assert "invalid literal for int()" not in run.stderr
