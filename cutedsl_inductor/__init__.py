@@ -9,6 +9,7 @@ scheduling, output code) -> ``compile`` (specs, compile-once, disk cache) -> ``r
 __version__ = "0.1.0"
 
 from .autotune.select import autotune_select_algorithm
+from .compile import artifacts as _artifacts  # registers our type of cache artifact
 from .inductor.ir import CuteDSLTemplateBuffer
 from .inductor.scheduling import CuteDSLCombinedScheduling, CuteDSLScheduling, install
 from .runtime.wrapper import CuteDSLKernelWrapper

@@ -1,7 +1,8 @@
 """Command line: ``python -m cutedsl_inductor <command>``.
 
   demo                         the main job (see ``cutedsl_inductor.demo``)
-  cache info | cache clear     what the kernel cache holds / empty it
+  cache info | cache clear     what the kernel cache holds, and the remote tier / empty
+                               the local cache (kernels and tuning decisions)
   precompile [--arch sm_90a] [--templates elementwise,gemm] [--gemm-shapes S]
                                compile the built-in templates' default choices into the
                                cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
@@ -21,6 +22,7 @@ from .autotune.precompile import BUILTIN_TEMPLATES
 
 
 def _cache(args: argparse.Namespace) -> int:
+    from .compile import decisions
     from .compile.disk_cache import default_cache
 
     cache = default_cache()
@@ -30,15 +32,18 @@ def _cache(args: argparse.Namespace) -> int:
             print(f"not clearing {cache.root}: it {mode.note}", file=sys.stderr)
             return 1
         result = cache.clear()
-        print(f"removed {result.removed} entries from {cache.root}"
+        removed, errors = decisions.clear()
+        print(f"removed {result.removed} entries and {removed} tuning decisions from "
+              f"{cache.root}"
               + (f"; {result.busy} being written now were left" if result.busy else ""))
-        for error in result.errors:
+        for error in result.errors + errors:
             print(f"  could not remove {error}", file=sys.stderr)
-        return 1 if result.errors else 0
+        return 1 if result.errors or errors else 0
     entries = cache.entries()
     size = sum(entry["disk_bytes"] for entry in entries)
     print(f"cache dir: {cache.root}" + (f" ({mode.note})" if mode.note else "")
           + f"\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
+    print("\n".join(cache_tiers()))
     for entry in entries:
         if entry.get("corrupt"):
             print(f"  {entry['key'][:16]}  CORRUPT manifest")
@@ -47,6 +52,35 @@ def _cache(args: argparse.Namespace) -> int:
         print(f"  {entry['key'][:16]}  {entry.get('arch')}  {entry.get('template')}  "
               f"{entry.get('params')}{flag}")
     return 0
+
+
+def cache_tiers() -> list[str]:
+    """The tiers: tuning decisions stored locally, the remote tier (reachable or not) and
+    this process's hits and misses in each (call it from a job to see its own)."""
+    from . import config
+    from .compile import compiler, decisions, remote_cache
+
+    lines = [f"decisions: {len(decisions.entries())} (tuning decisions)"]
+    tier = remote_cache.default_tier()
+    if not config.remote_cache:
+        lines.append("remote:    off (CUTEDSL_INDUCTOR_REMOTE_CACHE=1 turns it on)")
+    elif tier is None:
+        lines.append(f"remote:    {remote_cache.address()}: cannot be used (see the warning)")
+    else:
+        try:
+            state = f"reachable ({tier.ping_ms():.1f} ms round trip)"
+        except Exception as err:
+            state = f"NOT reachable ({type(err).__name__}: {err})"
+        sealed = "; entries sealed under the fleet secret" if tier.secret else ""
+        lines.append(f"remote:    {tier.address}: {state}{sealed}")
+    kernels, remote, tuned = compiler.stats, remote_cache.stats, decisions.stats
+    lines.append(
+        f"this process: kernels {kernels['disk_hits']} local hits, {kernels['remote_hits']} "
+        f"remote hits, {kernels['compiled']} compiled; decisions {tuned['local_hits']} local "
+        f"hits, {tuned['remote_hits']} remote hits, {tuned['misses']} misses; remote "
+        f"{remote['hits']} hits, {remote['misses']} misses, {remote['rejected']} refused, "
+        f"{remote['published']} published, {remote['errors']} errors")
+    return lines
 
 
 def _arch(text: str) -> str:

@@ -17,10 +17,19 @@ fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3 (0 to 64)
 compile_workers          CUTEDSL_INDUCTOR_COMPILE_WORKERS            CPUs / 2, <= 8; 0 below 4
                                                                      CPUs (0 to the CPUs)
 autotune_settle_ms       CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS         300 (0 to 60000)
+remote_cache             CUTEDSL_INDUCTOR_REMOTE_CACHE               False (a boolean)
+remote_cache_timeout_ms  CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS    1000 (1 to 60000)
+remote_cache_secret_file CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE   None (a path)
+redis_url                TORCHINDUCTOR_REDIS_URL (Inductor's)        None (redis://, rediss://,
+                                                                     unix://)
+redis_host               TORCHINDUCTOR_REDIS_HOST (Inductor's)       "localhost"
+redis_port               TORCHINDUCTOR_REDIS_PORT (Inductor's)       6379 (1 to 65535)
 
 Environment values are parsed strictly: a boolean is one of 1/0/true/false/yes/no/on/off
 (any case), a count an integer in the knob's range, the arch ``sm_<digits>`` with an
-optional ``a`` or ``f``; empty means the default. Anything else raises ``ConfigError``,
+optional ``a`` or ``f``, a Redis URL one of the three schemes; empty means the default.
+The Redis address is Inductor's own (its remote caches read the same variables), so one
+setting serves both. Anything else raises ``ConfigError``,
 naming the variable and what it accepts, when the package is imported.
 """
 
@@ -65,7 +74,7 @@ def _env_int(name: str, default: int, low: int, high: int) -> int:
     raise ConfigError(variable=name, value=raw, accepted=f"an integer from {low} to {high}")
 
 
-def _env_text(name: str, default: str, check: Any) -> str:
+def _env_text(name: str, default: str | None, check: Any) -> str | None:
     raw = _raw(name)
     return default if raw is None else check(raw, name)
 
@@ -95,6 +104,13 @@ def check_compile_options(value: str, variable: str) -> str:
                 + ", ".join(f"--{option}" for option in RESERVED_OPTIONS)
                 + " (cutedsl_inductor sets those; the arch is CUTEDSL_INDUCTOR_ARCH)")
     return value
+
+
+def check_redis_url(value: str, variable: str) -> str:
+    if re.fullmatch(r"(rediss?|unix)://\S+", value):
+        return value
+    raise ConfigError(variable=variable, value=value,
+                      accepted="a Redis URL: redis://HOST:PORT, rediss://... or unix://PATH")
 
 
 def _arch_from_env() -> str | None:
@@ -138,6 +154,19 @@ compile_workers: int = _env_int("CUTEDSL_INDUCTOR_COMPILE_WORKERS",
 # to (``autotune/select.py``); 0: off.
 autotune_settle_ms: int = _env_int("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, 0, 60000)
 
+# The remote tier under the disk cache (``compile/remote_cache.py``): kernels and tuning
+# decisions fetched from and published to Redis, at Inductor's Redis address.
+remote_cache: bool = _env_bool("CUTEDSL_INDUCTOR_REMOTE_CACHE", False)
+# The longest one Redis operation may wait (to connect, and for each reply).
+remote_cache_timeout_ms: int = _env_int("CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS", 1000, 1,
+                                        60000)
+# A file holding the secret a fleet shares: with it, remote entries are sealed (HMAC) and
+# only sealed ones load (the trust model: ``compile/portable.py``).
+remote_cache_secret_file: str | None = _raw("CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE")
+redis_url: str | None = _env_text("TORCHINDUCTOR_REDIS_URL", None, check_redis_url)
+redis_host: str = _raw("TORCHINDUCTOR_REDIS_HOST") or "localhost"
+redis_port: int = _env_int("TORCHINDUCTOR_REDIS_PORT", 6379, 1, 65535)
+
 
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
@@ -166,6 +195,12 @@ _KNOBS = (
     "fused_choice_candidates",
     "compile_workers",
     "autotune_settle_ms",
+    "remote_cache",
+    "remote_cache_timeout_ms",
+    "remote_cache_secret_file",
+    "redis_url",
+    "redis_host",
+    "redis_port",
 )
 
 

@@ -87,6 +87,13 @@ class CacheEntryError(CuteDSLInductorError):
     message = "cache entry {path} is unusable: {reason}"
 
 
+class PortableEntryError(CuteDSLInductorError):
+    """A kernel or tuning decision from the remote cache or a cache artifact does not
+    verify (``compile/portable.py``); it is not used."""
+
+    message = "{source} entry {key} refused: {reason}"
+
+
 class ConfigError(CuteDSLInductorError, ValueError):
     """A knob's value (an environment variable, a command-line option) is refused."""
 

@@ -25,9 +25,13 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     """A fresh disk cache and an empty in-process cache for every test."""
     from cutedsl_inductor import config
     from cutedsl_inductor.autotune import retime
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.compile import compiler, decisions, remote_cache
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
+    monkeypatch.setattr(config, "remote_cache", False)  # the remote_cache fixture: on
+    monkeypatch.setattr(remote_cache, "stats", dict.fromkeys(remote_cache.stats, 0))
+    monkeypatch.setattr(decisions, "stats", dict.fromkeys(decisions.stats, 0))
+    remote_cache._tier_for.cache_clear()
     monkeypatch.setattr(config, "compile_workers", 0)  # tests/compile/test_workers.py: > 0
     monkeypatch.setattr(compiler, "_COMPILED", {})
     monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
@@ -46,3 +50,26 @@ def graph():
     lowering = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
     with V.set_graph_handler(lowering):
         yield lowering
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server for this test (``tests/redis_server.py``)."""
+    from tests.redis_server import RedisServer
+
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def remote_redis(redis_server, monkeypatch):
+    """The remote tier on, at ``redis_server``."""
+    from cutedsl_inductor import config
+
+    for name, value in [("remote_cache", True), ("redis_url", None),
+                        ("redis_host", "127.0.0.1"), ("redis_port", redis_server.port),
+                        ("remote_cache_timeout_ms", 1000), ("remote_cache_secret_file", None)]:
+        monkeypatch.setattr(config, name, value)
+    return redis_server

@@ -10,23 +10,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli_command(*args, cache_dir, workers=0):
+def cli_command(*args, cache_dir, workers=0, redis=None):
     env = {"CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
            "CUTE_DSL_ARCH": "sm_90a", "HOME": str(cache_dir),
-           "CUTEDSL_INDUCTOR_COMPILE_WORKERS": str(workers)}
+           "CUTEDSL_INDUCTOR_COMPILE_WORKERS": str(workers), **(redis.env() if redis else {})}
     return dict(args=[sys.executable, "-m", "cutedsl_inductor", *args], cwd=ROOT, env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def cli(*args, cache_dir, workers=0):
-    return subprocess.run(**cli_command(*args, cache_dir=cache_dir, workers=workers),
-                          timeout=600)
+def cli(*args, cache_dir, workers=0, redis=None):
+    return subprocess.run(**cli_command(*args, cache_dir=cache_dir, workers=workers,
+                                        redis=redis), timeout=600)
 
 
 def precompiled(stdout):
-    """(compiled, cached, failed) from precompile's summary."""
-    found = re.search(r"precompiled (\d+) kernel\(s\), (\d+) already cached, (\d+) failed",
-                      stdout)
+    """(compiled, from the local cache, from the remote cache, failed) from precompile's
+    summary."""
+    found = re.search(r"precompiled \d+ kernel\(s\) in [0-9.]+ s: (\d+) compiled, (\d+) from "
+                      r"the local cache, (\d+) from the remote cache, (\d+) failed", stdout)
     return tuple(map(int, found.groups()))
 
 
@@ -34,15 +35,16 @@ def test_precompile_then_cache_info_then_clear(tmp_path):
     cache_dir = tmp_path / "kernels"
     run = cli("precompile", "--arch", "sm_90a", "--templates", "elementwise", cache_dir=cache_dir)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
+    assert precompiled(run.stdout) == (9, 0, 0, 0)
     assert "precompile sm_90a" in run.stderr  # the progress bar
     again = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
-    assert "precompiled 0 kernel(s), 9 already cached" in again.stdout
+    assert precompiled(again.stdout) == (0, 9, 0, 0)
     info = cli("cache", "info", cache_dir=cache_dir)
     assert f"cache dir: {cache_dir}" in info.stdout and "entries:   9" in info.stdout
     assert "elementwise_add" in info.stdout
+    assert "remote:    off (CUTEDSL_INDUCTOR_REMOTE_CACHE=1 turns it on)" in info.stdout
     cleared = cli("cache", "clear", cache_dir=cache_dir)
-    assert "removed 9 entries" in cleared.stdout
+    assert "removed 9 entries and 0 tuning decisions" in cleared.stdout
     assert "entries:   0" in cli("cache", "info", cache_dir=cache_dir).stdout
 
 
@@ -51,9 +53,9 @@ def test_precompile_in_two_worker_processes(tmp_path):
     run = cli("precompile", "--arch", "sm_90a", "--templates", "elementwise",
               cache_dir=cache_dir, workers=2)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "precompiled 9 kernel(s), 0 already cached, 0 failed" in run.stdout
+    assert precompiled(run.stdout) == (9, 0, 0, 0)
     loaded = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
-    assert "precompiled 0 kernel(s), 9 already cached" in loaded.stdout  # usable entries
+    assert precompiled(loaded.stdout) == (0, 9, 0, 0)  # usable entries
 
 
 def test_processes_precompiling_one_cache_at_once_count_exactly(tmp_path):
@@ -65,14 +67,36 @@ def test_processes_precompiling_one_cache_at_once_count_exactly(tmp_path):
     runs = [(p.communicate(timeout=600), p.returncode) for p in procs]
     assert all(code == 0 for _, code in runs), [err[-2000:] for (_, err), _ in runs]
     counts = [precompiled(out) for (out, _), _ in runs]
-    assert all(compiled + cached == 9 and failed == 0 for compiled, cached, failed in counts)
-    assert sum(compiled for compiled, _, _ in counts) == 9
+    assert all(compiled + local == 9 and (remote, failed) == (0, 0)
+               for compiled, local, remote, failed in counts)
+    assert sum(compiled for compiled, _, _, _ in counts) == 9
     for obj in sorted(cache_dir.glob("*/*.o"))[:3]:
         data = bytearray(obj.read_bytes())
         data[len(data) // 2] ^= 0xFF
         obj.write_bytes(bytes(data))
     again = cli("precompile", "--templates", "elementwise", cache_dir=cache_dir)
-    assert precompiled(again.stdout) == (3, 6, 0)
+    assert precompiled(again.stdout) == (3, 6, 0, 0)
+
+
+def test_two_machines_share_one_redis(tmp_path, redis_server):
+    """Separate local caches: the second compiles nothing, and in its own workers too;
+    ``cache info`` shows the tiers."""
+    first = cli("precompile", "--templates", "elementwise", cache_dir=tmp_path / "a",
+                redis=redis_server)
+    assert precompiled(first.stdout) == (9, 0, 0, 0), first.stderr[-2000:]
+    second = cli("precompile", "--templates", "elementwise", cache_dir=tmp_path / "b",
+                 workers=2, redis=redis_server)
+    assert precompiled(second.stdout) == (0, 0, 9, 0), second.stderr[-2000:]
+    assert precompiled(cli("precompile", "--templates", "elementwise",
+                           cache_dir=tmp_path / "b", redis=redis_server).stdout) == (0, 9, 0, 0)
+    info = cli("cache", "info", cache_dir=tmp_path / "b", redis=redis_server).stdout
+    assert "entries:   9" in info and "decisions: 0 (tuning decisions)" in info
+    assert re.search(rf"remote:    redis://127.0.0.1:{redis_server.port}: reachable \([0-9.]+ "
+                     r"ms round trip\)", info)
+    assert "this process: kernels 0 local hits, 0 remote hits, 0 compiled;" in info
+    redis_server.close()
+    info = cli("cache", "info", cache_dir=tmp_path / "b", redis=redis_server).stdout
+    assert f"redis://127.0.0.1:{redis_server.port}: NOT reachable (ConnectionError" in info
 
 
 @pytest.mark.parametrize("args, message", [

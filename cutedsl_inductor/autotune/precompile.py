@@ -11,8 +11,11 @@ cutedsl_inductor versions.
 Choices compile in ``config.compile_workers`` worker processes where there are any.
 The counts say what happened, not what was there before: a kernel counts as compiled
 when this process or its worker compiled it (an entry that did not verify is rebuilt,
-and counts), as cached when it was loaded, so processes precompiling one cache at once
-compile each kernel once between them (the disk cache's lock) and their counts add up.
+and counts), as from the local cache when it was loaded from disk, as from the remote
+cache when the remote tier had it (``compile/remote_cache.py``; then it is on disk too),
+so processes precompiling one cache at once compile each kernel once between them (the
+disk cache's lock) and their counts add up. What is compiled is published to the remote
+tier where it is on: precompiling on one machine fills it for the fleet.
 
 Failure semantics: a choice that fails to compile is counted and reported, and the
 rest go on; the summary says what failed and why.
@@ -40,14 +43,17 @@ BUILTIN_TEMPLATES = {
 @dataclasses.dataclass
 class PrecompileSummary:
     compiled: int = 0
-    cached: int = 0
+    local: int = 0  # from the local (disk) cache
+    remote: int = 0  # from the remote cache
     failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
     def __str__(self) -> str:
+        total = self.compiled + self.local + self.remote + len(self.failed)
         lines = [
-            f"precompiled {self.compiled} kernel(s), {self.cached} already cached, "
-            f"{len(self.failed)} failed, in {self.seconds:.1f} s"
+            f"precompiled {total} kernel(s) in {self.seconds:.1f} s: {self.compiled} "
+            f"compiled, {self.local} from the local cache, {self.remote} from the remote "
+            f"cache, {len(self.failed)} failed"
         ]
         lines += [f"  FAILED {name}: {reason}" for name, reason in self.failed]
         return "\n".join(lines)
@@ -79,15 +85,17 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
                     summary.failed.append((choice.name, f"{type(outcome).__name__}: {outcome}"))
                 elif outcome == "compiled":
                     summary.compiled += 1
+                elif outcome == "remote":
+                    summary.remote += 1
                 else:
-                    summary.cached += 1
+                    summary.local += 1
     summary.seconds = time.perf_counter() - start
     return summary
 
 
 def _build(choice: Any) -> str | Exception:
     """Where the choice's kernel came from ("compiled" here or in a worker process,
-    "disk", "memory"), or the error; compiles in a worker where there are any, as
+    "remote", "disk", "memory"), or the error; compiles in a worker where there are any, as
     under Inductor."""
     try:
         in_worker = build_in_worker(choice.bmreq)

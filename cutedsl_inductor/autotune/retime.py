@@ -8,7 +8,11 @@ other are ranked by when they ran as much as by their speed. On the H200, SwiGLU
 which five interleaved rounds had 3-7% behind. ``fastest_in_rounds`` times a few
 candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.fastest_by_median``, as the
 benchmarks do), the median round counting; a repeat of the same candidates at the same
-sizes (a model's next layer) takes the first one's winner untimed.
+sizes (a model's next layer) takes the first one's winner untimed, and so does a later
+process, on this machine or another with the same GPU and software: each winner is kept
+as a tuning decision (``compile/decisions.py``: the local cache, the remote tier, cache
+artifacts), keyed by the candidates' binaries, the sizes, the GPU and the torch, CUDA and
+toolchain versions. A stored winner that is not among the candidates is not taken.
 
 ``recording_timings`` catches the timings an autotuning ends with, whether measured or
 read from Inductor's autotune cache: it installs a feedback saver (Inductor's public
@@ -25,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from ..bench.timing import fastest_by_median
+from ..compile import decisions
 
 # Interleaved timing rounds of retimed candidates (their median counts).
 RETIME_ROUNDS = 3
@@ -65,10 +70,27 @@ def fastest_in_rounds(calls: dict[str, Callable[[], Any]],
     round, and each one's median (ms); the medians are empty where an earlier retiming in
     this process, of the same binaries at the same ``sizes``, decided (``_WINNERS``)."""
     key = (tuple(sorted(calls)), sizes)
+    if key not in _WINNERS:
+        stored = decisions.lookup(winner_key(key))
+        if isinstance(stored, dict) and stored.get("winner") in calls:
+            _WINNERS[key] = stored["winner"]
     if key in _WINNERS:
         return _WINNERS[key], {}
     _WINNERS[key], medians = fastest_by_median(calls, RETIME_ROUNDS)
+    decisions.save(winner_key(key), {"winner": _WINNERS[key]})
     return _WINNERS[key], medians
+
+
+def winner_key(key: tuple) -> str:
+    """The decision key of a retiming: its candidates and sizes on this GPU, with this
+    torch and CUDA."""
+    import torch
+
+    device = torch.cuda.get_device_properties()  # the current device's
+    gpu = [device.name, device.major, device.minor, device.multi_processor_count]
+    return decisions.decision_key("retime", {"candidates": key[0], "sizes": key[1], "gpu": gpu,
+                                             "torch": torch.__version__,
+                                             "cuda": torch.version.cuda})
 
 
 def choice_calls(choices: list[Any]) -> tuple[dict[str, Callable[[], Any]], Hashable]:

@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 _COMPILED: dict[str, Any] = {}
 _COMPILE_LOCK = threading.RLock()
 # how many CuTe compilations this process ran (benchmarks and tests read it)
-stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "disk_load_s": 0.0}
+stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "disk_misses": 0, "remote_hits": 0,
+                           "memory_hits": 0, "disk_load_s": 0.0}
 
 
 def source_tree_hash(root: Path) -> str:
@@ -138,8 +139,6 @@ def compile_entry(
     if compiled is not None:
         stats["memory_hits"] += 1
         return compiled, "memory"
-    from .disk_cache import default_cache
-
     with _COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
@@ -147,17 +146,50 @@ def compile_entry(
         if not config.disk_cache:
             compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
         else:
-            with default_cache().entry(key) as entry:
-                start = time.perf_counter()
-                compiled, origin = entry.load(), "disk"
-                if compiled is not None:
-                    stats["disk_hits"] += 1
-                    stats["disk_load_s"] += time.perf_counter() - start
-                else:
-                    compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
-                    entry.store(compiled, describe | {"arch": arch})
+            compiled, origin = _through_caches(entry_fn, specs, key, arch, describe)
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
         return compiled, origin
+
+
+def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str, arch: str,
+                    describe: dict[str, Any]) -> tuple[Any, str]:
+    """From the disk cache, else the remote tier (stored on disk), else compiled (stored
+    and published); each recorded for torch.compile's cache artifacts."""
+    from . import artifacts
+    from .disk_cache import default_cache, export_object, manifest_fields
+    from .remote_cache import default_tier
+
+    fields = manifest_fields(describe | {"arch": arch})
+    with default_cache().entry(key) as entry:
+        start = time.perf_counter()
+        loaded = entry.load()
+        if loaded is not None:
+            stats["disk_hits"] += 1
+            stats["disk_load_s"] += time.perf_counter() - start
+            artifacts.record("kernel", key, loaded.data, loaded.fields)
+            return loaded.function, "disk"
+        stats["disk_misses"] += 1
+        tier = default_tier()
+        fetched = tier.fetch("kernel", key) if tier is not None else None
+        if fetched is not None:
+            try:
+                function = entry.adopt(fetched[1], fields)
+            except Exception as err:  # verified, yet it does not load: compile instead
+                log.warning("CuteDSL kernel %s from the remote cache does not load (%s: "
+                            "%s); compiling it", describe.get("kernel"), type(err).__name__,
+                            err)
+            else:
+                stats["remote_hits"] += 1
+                artifacts.record("kernel", key, fetched[1], fields)
+                return function, "remote"
+        compiled = _compile(entry_fn, specs, arch, describe)
+        data = export_object(compiled, key)
+        if data is not None:
+            entry.store(data, fields)
+            if tier is not None:
+                tier.publish("kernel", key, data, fields)
+            artifacts.record("kernel", key, data, fields)
+        return compiled, "compiled"
 
 
 def plain_ffi_function(compiled: Any) -> Any:

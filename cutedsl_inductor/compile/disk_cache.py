@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import config
 from ..exc import CacheEntryError
@@ -52,6 +52,8 @@ from .integrity import check_seal, read_secret, seal
 log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 2
+# what a manifest says about its kernel, besides the key, size, digest and versions
+MANIFEST_FIELDS = ("kernel", "template", "arch", "path", "signature", "params")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _FOLDER = re.compile(r"[0-9a-f]{2}")
 # the files of an entry, and its temp files while written (``Folder.write_atomic``)
@@ -272,8 +274,9 @@ class Entry:
     folder: Folder | None
     held: bool
 
-    def load(self) -> Any | None:
-        """The cached function, or None (missing, unreadable or unusable)."""
+    def load(self) -> Loaded | None:
+        """The cached function and the bytes it was loaded from, or None (missing,
+        unreadable or unusable)."""
         if self.folder is None:
             return None
         try:
@@ -288,7 +291,7 @@ class Entry:
                 data = self.folder.read(f"{self.key}.o")
             except FileNotFoundError:
                 data = None
-            self._check(manifest, data)
+            fields = self._check(manifest, data)
             module, function = _load_object(data, symbol_for(self.key))
         except OSError as err:
             self.cache.fault("read an entry", err, "compiling it")
@@ -302,9 +305,10 @@ class Entry:
                 self.remove()
             return None
         self.cache._modules[self.key] = module
-        return function
+        return Loaded(function, data, fields)
 
-    def _check(self, manifest_bytes: bytes, data: bytes | None) -> None:
+    def _check(self, manifest_bytes: bytes, data: bytes | None) -> dict[str, Any]:
+        """The manifest's fields (``manifest_fields``) if the entry verifies."""
         path = self.folder.path / f"{self.key}.json"
 
         def unusable(reason: str) -> CacheEntryError:
@@ -326,36 +330,37 @@ class Entry:
             raise unusable(f"truncated ({len(data)} of {manifest.get('size')} bytes)")
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             raise unusable("checksum mismatch")
+        return {name: manifest.get(name) for name in MANIFEST_FIELDS}
 
-    def store(self, compiled: Any, describe: dict[str, Any]) -> None:
-        """Export ``compiled`` (a TVM-FFI compiled function) here, if the lock is held."""
+    def adopt(self, data: bytes, fields: dict[str, Any]) -> Any:
+        """Load the function from ``data`` (an object verified elsewhere: the remote
+        tier's), then store it here; raises what loading raises."""
+        module, function = _load_object(data, symbol_for(self.key))
+        self.cache._modules[self.key] = module
+        self.store(data, fields)
+        return function
+
+    def store(self, data: bytes, fields: dict[str, Any]) -> None:
+        """Store the object ``data`` here with its manifest, if the lock is held."""
         from .compiler import toolchain_versions
 
         if not self.held:
             return
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "key": self.key,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "versions": toolchain_versions(),
+            "created": time.time(),
+            **{name: fields.get(name) for name in MANIFEST_FIELDS},
+        }
+        manifest["mac"] = seal(self.cache.mode.secret, manifest)
         try:
-            with private_dir() as folder:
-                compiled.export_to_c(str(folder / "kernel.o"),
-                                     function_name=symbol_for(self.key))
-                data = (folder / "kernel.o").read_bytes()
-            manifest = {
-                "format": MANIFEST_FORMAT,
-                "key": self.key,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "versions": toolchain_versions(),
-                "created": time.time(),
-                **{k: describe.get(k) for k in ("kernel", "template", "arch", "path", "signature")},
-                "params": {k: repr(v) for k, v in describe.get("params", {}).items()},
-            }
-            manifest["mac"] = seal(self.cache.mode.secret, manifest)
             self.folder.write_atomic(f"{self.key}.o", data)
             self.folder.write_atomic(f"{self.key}.json", json.dumps(manifest, indent=1).encode())
         except OSError as err:
             self.cache.fault("store a kernel", err, "it is kept in memory only")
-        except Exception:
-            log.warning("could not store CuteDSL kernel %s in %s", self.key, self.cache.root,
-                        exc_info=True)
 
     def remove(self) -> None:
         try:
@@ -363,6 +368,33 @@ class Entry:
             self.folder.unlink_file(f"{self.key}.o")
         except OSError as err:
             self.cache.fault("remove an entry", err, "it is left in place")
+
+
+class Loaded(NamedTuple):
+    function: Any
+    data: bytes  # the object file it was loaded from
+    fields: dict[str, Any]  # its manifest's MANIFEST_FIELDS
+
+
+def manifest_fields(describe: dict[str, Any]) -> dict[str, Any]:
+    """The manifest fields of a kernel that ``describe`` (kernel, template, arch, path,
+    signature, params) describes."""
+    fields = {name: describe.get(name) for name in MANIFEST_FIELDS}
+    fields["params"] = {k: repr(v) for k, v in describe.get("params", {}).items()}
+    return fields
+
+
+def export_object(compiled: Any, key: str) -> bytes | None:
+    """``compiled`` (a TVM-FFI compiled function) as an object file exporting
+    ``symbol_for(key)``; None, with a warning, where it cannot be exported."""
+    try:
+        with private_dir() as folder:
+            compiled.export_to_c(str(folder / "kernel.o"), function_name=symbol_for(key))
+            return (folder / "kernel.o").read_bytes()
+    except Exception:
+        log.warning("could not export CuteDSL kernel %s; it is kept in memory only", key,
+                    exc_info=True)
+        return None
 
 
 def _load_object(data: bytes, symbol: str) -> tuple[Any, Any]:

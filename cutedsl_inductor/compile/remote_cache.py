@@ -1,0 +1,213 @@
+"""The remote tier under the disk cache: kernels and tuning decisions on Redis, shared by
+every machine that points at the same server.
+
+Switched on as Inductor's remote caches are: ``CUTEDSL_INDUCTOR_REMOTE_CACHE=1``
+(``config.remote_cache``), at Inductor's Redis address (``TORCHINDUCTOR_REDIS_URL``, else
+``TORCHINDUCTOR_REDIS_HOST`` / ``_PORT``). A local miss is fetched here (``fetch``:
+verified by ``portable.unpack``; the caller stores it locally and loads it) and what this
+process compiles or decides is published (``publish``). The tier is Inductor's
+remote-cache machinery: a ``RemoteCache`` (Inductor's controller, with its statistics
+and wait counters) with a pass-through serde, keys laid out as Inductor lays out its own
+(``pt2:<cache id>::<key>:c<version>``), and a backend of ours, because Inductor's
+``RedisRemoteCacheBackend`` sets no timeouts (redis-py's defaults: none before 6.0, 5 s
+and three retries since) and reads a value of any size. Ours waits at most
+``config.remote_cache_timeout_ms`` to connect and for each reply, retries nothing, and
+reads a value with STRLEN and GETRANGE in one round trip: never more than
+``portable.MAX_ENTRY_BYTES``.
+
+Failure semantics: nothing raises to the caller, and the local path goes on. Redis down
+or slow (a connection error, a timeout) is one warning, and the tier is off for the rest
+of the process, so that no later operation waits again; any other error of the server (a
+write refused because it is full, read-only or wants a password; a key of another type)
+is one warning per kind and the tier stays on; an entry that does not verify (garbage,
+another key's or version's, oversized, unsealed under a fleet secret) is one warning and
+a miss: the kernel compiles, and its publication replaces the entry.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+from torch._inductor.remote_cache import (
+    RemoteCache,
+    RemoteCacheBackend,
+    RemoteCachePassthroughSerde,
+)
+
+from .. import config
+from ..exc import PortableEntryError
+from .portable import MAX_ENTRY_BYTES, fleet_secret, pack, unpack
+
+log = logging.getLogger(__name__)
+
+CACHE_ID = "cutedsl-inductor"
+KEY_VERSION = 1
+# this process's remote operations (``cache info``, benchmarks and tests read them)
+stats: dict[str, int] = {"hits": 0, "misses": 0, "rejected": 0, "published": 0, "errors": 0}
+
+
+class OversizedValue(Exception):
+    """A value over the bound: refused unread."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size} bytes, over the bound of {MAX_ENTRY_BYTES}")
+
+
+class RedisBackend(RemoteCacheBackend[bytes]):
+    """Bytes in Redis under a client with timeouts; a read takes at most ``limit`` bytes."""
+
+    def __init__(self, client: Any, limit: int) -> None:
+        super().__init__()
+        self.client = client
+        self.limit = limit
+
+    def _get(self, key: str) -> bytes | None:
+        # one round trip, no MULTI (which a full server refuses); a value replaced between
+        # the two reads fails verification
+        with self.client.pipeline(transaction=False) as pipe:
+            size, data = pipe.strlen(key).getrange(key, 0, self.limit - 1).execute()
+        if size == 0:
+            return None  # no such key
+        if size > self.limit:
+            raise OversizedValue(size)
+        return data
+
+    def _put(self, key: str, data: bytes) -> None:
+        self.client.set(key, data)
+
+
+class CuteDSLRemoteCache(RemoteCache[bytes]):
+    def __init__(self, backend: RedisBackend) -> None:
+        super().__init__(backend, RemoteCachePassthroughSerde())
+
+    def _get(self, key: str, sample: Any) -> bytes | None:
+        return super()._get(redis_key(key), sample)
+
+    def _put(self, key: str, value: bytes, sample: Any) -> None:
+        super()._put(redis_key(key), value, sample)
+
+
+def redis_key(key: str) -> str:
+    return f"pt2:{CACHE_ID}::{key}:c{KEY_VERSION}"
+
+
+class RemoteTier:
+    def __init__(self, address: str, client: Any, secret: bytes | None) -> None:
+        self.address = address
+        self.client = client
+        self.secret = secret
+        self.cache = CuteDSLRemoteCache(RedisBackend(client, MAX_ENTRY_BYTES))
+        self.off: str | None = None  # why the tier is off for this process
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def fetch(self, kind: str, key: str) -> tuple[dict[str, Any], bytes] | None:
+        """The verified (header, payload) of ``key``'s entry of ``kind``, or None."""
+        if self.off is not None:
+            return None
+        try:
+            blob = self.cache.get(f"{kind}:{key}")
+        except OversizedValue as err:
+            return self._refused(PortableEntryError(source=self.source, key=key,
+                                                    reason=str(err)))
+        except Exception as err:
+            self._fault("read", err)
+            return None
+        if blob is None:
+            stats["misses"] += 1
+            return None
+        try:
+            entry = unpack(blob, key, self.source, self.secret, kind)
+        except PortableEntryError as err:
+            return self._refused(err)
+        stats["hits"] += 1
+        return entry
+
+    def publish(self, kind: str, key: str, payload: bytes, fields: dict[str, Any]) -> None:
+        if self.off is not None:
+            return
+        try:
+            self.cache.put(f"{kind}:{key}", pack(kind, key, payload, fields, self.secret))
+        except Exception as err:
+            self._fault("write", err)
+            return
+        stats["published"] += 1
+
+    def ping_ms(self) -> float:
+        """One round trip to the server (raises what the client raises)."""
+        start = time.perf_counter()
+        self.client.ping()
+        return (time.perf_counter() - start) * 1e3
+
+    @property
+    def source(self) -> str:
+        return f"CuteDSL remote cache {self.address}:"
+
+    def _refused(self, err: PortableEntryError) -> None:
+        stats["rejected"] += 1
+        log.warning("%s; not used (the kernel compiles instead, and replaces it)", err)
+
+    def _fault(self, action: str, err: Exception) -> None:
+        import redis
+
+        stats["errors"] += 1
+        reason = f"{type(err).__name__}: {err}"
+        if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
+            with self._lock:
+                first, self.off = self.off is None, reason
+            if first:
+                log.warning("%s could not %s an entry (%s); off for the rest of this "
+                            "process (the local cache and the compiler go on)", self.source,
+                            action, reason)
+            return
+        with self._lock:
+            first = f"{action} {type(err).__name__}" not in self._warned
+            self._warned.add(f"{action} {type(err).__name__}")
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "%s could not %s an entry (%s); going on without it", self.source, action,
+                reason)
+
+
+def default_tier() -> RemoteTier | None:
+    """The remote tier as configured now; None when it is off or cannot be used (said
+    once, in a warning)."""
+    if not config.remote_cache:
+        return None
+    return _tier_for(config.redis_url, config.redis_host, config.redis_port,
+                     config.remote_cache_timeout_ms, config.remote_cache_secret_file)
+
+
+def address() -> str:
+    """The configured server, without a password."""
+    if config.redis_url:
+        return re.sub(r"//[^@/]*@", "//***@", config.redis_url)
+    return f"redis://{config.redis_host}:{config.redis_port}"
+
+
+@functools.cache
+def _tier_for(url: str | None, host: str, port: int, timeout_ms: int,
+              secret_file: str | None) -> RemoteTier | None:
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        log.warning("CuteDSL remote cache: the redis package is not installed (pip install "
+                    "redis); off for this process")
+        return None
+    try:
+        secret = fleet_secret()
+    except OSError as err:
+        log.warning("CuteDSL remote cache %s: the fleet secret %s cannot be used (%s); off "
+                    "for this process", address(), secret_file, err.strerror or err)
+        return None
+    options = {"socket_timeout": timeout_ms / 1e3, "socket_connect_timeout": timeout_ms / 1e3,
+               "retry": Retry(NoBackoff(), 0)}
+    client = (redis.Redis.from_url(url, **options) if url
+              else redis.Redis(host=host, port=port, **options))
+    return RemoteTier(address(), client, secret)
