@@ -23,8 +23,15 @@ parameters, which are all that differ between our choices of one node), in inter
 rounds (``bench.timing.interleaved_ms``: the clock drifting under the power cap reaches
 every candidate alike; fused kernels of one node often differ by 1-2%, as much as one
 timing moves), and the fastest fused kernel (median round) is kept
-(``autotune/retime.py``; a repeat of the same fused kernels at the same sizes, a model's
-next layer, takes the first one's winner untimed).
+(``autotune/retime.py``; a repeat of the same fused kernels at the same sizes -- a
+model's next layer, a later process, another machine of the fleet -- takes the first
+one's winner untimed: it is kept as a tuning decision, locally and remotely).
+
+What this pass times otherwise is Inductor's own autotuning of the node
+(``multi.choice_timings()``), which Inductor runs at its own finalization anyway and keeps
+in its autotune cache (``PersistentCache``, by each choice's ``hash_key``, ours naming its
+binary): on a warm machine it returns those timings without precompiling or timing
+anything, so the settle's decision, a function of them, needs no store of ours.
 
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.

@@ -11,8 +11,10 @@ The fallback stands in for Inductor's own lowering of the pattern, which costs l
 two): where it wins, the pattern is lowered that way instead (on the H200 at
 8192x4096x14336 the fallback ran at 667 TFLOP/s, Inductor's lowering at 696).
 Where our kernel wins, our ``config.fused_choice_candidates`` fastest configs are timed
-again in interleaved rounds and the fastest taken (``autotune/retime.py``): the two-weight
-configs of one shape are often within a few percent, the noise of one timing pass.
+again in interleaved rounds and the fastest taken (``autotune/retime.py``, which keeps the
+winner as a tuning decision, locally and remotely, so that a warm machine does not time
+it again): the two-weight configs of one shape are often within a few percent, the noise
+of one timing pass.
 
 The pattern, as AOT autograd leaves it: ``mul(convert(silu(convert(mm(x, w_gate)))),
 mm(x, w_up))`` with silu decomposed (``c / (1 + exp(-c))`` or ``c * sigmoid(c)``), the

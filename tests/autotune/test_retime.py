@@ -42,3 +42,61 @@ def test_example_tensors_are_shared_per_buffer_and_view():
     w = example_tensor(meta("w", (64, 32), (32, 1)), tensors)
     assert x_t.stride() == (1, 32) and x_t.data_ptr() != x.data_ptr()
     assert w.data_ptr() != x.data_ptr() and len(tensors) == 3
+
+
+@pytest.fixture
+def timings(monkeypatch):
+    """The GPU's interleaved timing stood in for (CPU tests): records what it was asked
+    to time; "b" is the fastest."""
+    from cutedsl_inductor.autotune import retime
+    from tests.helpers import use_virtual_sm90
+
+    use_virtual_sm90(monkeypatch)
+    timed = []
+
+    def fastest_by_median(calls, rounds):
+        timed.append(sorted(calls))
+        return "b", {name: 2.0 if name == "a" else 1.0 for name in calls}
+
+    monkeypatch.setattr(retime, "fastest_by_median", fastest_by_median)
+    return timed
+
+
+def test_a_retiming_is_timed_once_for_every_process_and_machine(timings, remote_redis,
+                                                                 monkeypatch, tmp_path):
+    from cutedsl_inductor import config
+    from cutedsl_inductor.autotune import retime
+    from cutedsl_inductor.compile import decisions
+
+    calls = {"a": lambda: None, "b": lambda: None}
+    assert retime.fastest_in_rounds(calls, "64x64") == ("b", {"a": 2.0, "b": 1.0})
+    monkeypatch.setattr(retime, "_WINNERS", {})  # a new process on this machine
+    assert retime.fastest_in_rounds(calls, "64x64") == ("b", {})
+    monkeypatch.setattr(retime, "_WINNERS", {})  # another machine, the same Redis
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "b"))
+    assert retime.fastest_in_rounds(calls, "64x64") == ("b", {})
+    assert timings == [["a", "b"]]
+    assert decisions.stats == {"local_hits": 1, "remote_hits": 1, "misses": 1, "saved": 1}
+
+
+def test_a_decision_is_reused_only_for_the_same_candidates_sizes_and_gpu(timings,
+                                                                         monkeypatch):
+    from types import SimpleNamespace
+
+    from cutedsl_inductor.autotune import retime
+    from cutedsl_inductor.compile import decisions
+    from tests.helpers import H200_PROPERTIES
+
+    calls = {"a": lambda: None, "b": lambda: None}
+    retime.fastest_in_rounds(calls, "64x64")
+    retime.fastest_in_rounds({**calls, "c": lambda: None}, "64x64")
+    retime.fastest_in_rounds(calls, "64x128")
+    other_gpu = SimpleNamespace(**{**vars(H200_PROPERTIES), "name": "NVIDIA H100"})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: other_gpu)
+    monkeypatch.setattr(retime, "_WINNERS", {})
+    retime.fastest_in_rounds(calls, "64x64")
+    assert len(timings) == 4
+    # a stored winner that is not among the candidates is not taken
+    monkeypatch.setattr(retime, "_WINNERS", {})
+    decisions.save(retime.winner_key((("a", "b"), "64x64")), {"winner": "z"})
+    assert retime.fastest_in_rounds(calls, "64x64")[0] == "b" and len(timings) == 5
