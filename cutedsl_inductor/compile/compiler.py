@@ -6,7 +6,10 @@ A specialization's key hashes everything that changes the binary: the module sou
 target arch, the compile options, the versions of nvidia-cutlass-dsl, apache-tvm-ffi
 and this package, and a hash of this package's Python sources (generated modules import
 its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there must miss every
-cache even where the version stays the same). ``compile_entry`` compiles a
+cache even where the version stays the same). With the disk cache on, a kernel it lacks
+is looked up in the remote tier (``remote_cache.py``) before compiling, what is compiled
+is stored and published there, and every kernel this process gets is recorded for
+torch.compile's cache artifacts (``artifacts.py``). ``compile_entry`` compiles a
 ``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch
 stream); the result takes torch tensors directly. ``JitOnce`` gives upstream-style
 modules, whose plain Python entry calls a ``@cute.jit`` function itself, the same

@@ -13,7 +13,8 @@ last, each atomically, so an entry exists only once complete; a second process w
 the same key waits on the lock, then loads what the first stored. ``load`` reads the
 manifest and the object once each, checks the seal, the key, the size and the sha256,
 and loads those very bytes (from a private copy); the symbol is derived from the key.
-Folders are created 0700, files 0600.
+``Entry.adopt`` loads an object verified elsewhere (``portable.py``: the remote tier's)
+and stores it, sealed under this cache's secret. Folders are created 0700, files 0600.
 
 Modes, decided at first use and, unless read-write, said in one warning: read-write;
 read-only when the root belongs to another user or is not writable (entries load where
