@@ -44,8 +44,11 @@ TIMINGS = 2
 # Calls between two synchronizes while settling the clocks: the host stays at most this
 # many launches ahead of the GPU.
 _CALLS_PER_SYNC = 8
-# The knobs that locate and shape a binary (the others only steer choices and fusion).
-_BINARY_KNOBS = ("cache_dir", "disk_cache", "arch", "entry_suffix", "compile_options")
+# The knobs that locate and shape a binary, its remote tier included (the others only
+# steer choices and fusion).
+_BINARY_KNOBS = ("cache_dir", "disk_cache", "arch", "entry_suffix", "compile_options",
+                 "remote_cache", "remote_cache_timeout_ms", "remote_cache_secret_file",
+                 "redis_url", "redis_host", "redis_port")
 
 
 def argument_meta(node: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> TensorMeta:

@@ -28,6 +28,7 @@ import contextlib
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
+from .. import config
 from ..bench.timing import fastest_by_median
 from ..compile import decisions
 
@@ -83,14 +84,18 @@ def fastest_in_rounds(calls: dict[str, Callable[[], Any]],
 
 def winner_key(key: tuple) -> str:
     """The decision key of a retiming: its candidates and sizes on this GPU, with this
-    torch and CUDA."""
+    torch and CUDA, for the target arch and compile options (the candidates' names may not
+    say them; ``decision_key`` adds the toolchain versions)."""
     import torch
 
+    from ..compile.compiler import target_arch
+
     device = torch.cuda.get_device_properties()  # the current device's
-    gpu = [device.name, device.major, device.minor, device.multi_processor_count]
-    return decisions.decision_key("retime", {"candidates": key[0], "sizes": key[1], "gpu": gpu,
-                                             "torch": torch.__version__,
-                                             "cuda": torch.version.cuda})
+    return decisions.decision_key("retime", {
+        "candidates": key[0], "sizes": key[1], "arch": target_arch(),
+        "options": config.compile_options, "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": [device.name, device.major, device.minor, device.multi_processor_count]})
 
 
 def choice_calls(choices: list[Any]) -> tuple[dict[str, Callable[[], Any]], Hashable]:

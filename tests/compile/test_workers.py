@@ -37,6 +37,21 @@ def test_workers_compile_what_inductors_threads_precompile(graph, two_workers):
     assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 3
 
 
+def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_workers,
+                                                                    remote_redis, tmp_path,
+                                                                    monkeypatch):
+    """The remote tier set by assignment, not in the environment the workers inherit:
+    their requests carry it."""
+    choices = add_choices(graph, (64, 128))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda choice: choice.precompile(), choices))
+    assert len(remote_redis.keys()) == 2  # published by the workers
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another machine"))
+    compiler._COMPILED.clear()
+    assert [workers.build_in_worker(c.bmreq) for c in add_choices(graph, (64, 128))] == [
+        "remote", "remote"]
+
+
 def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
     (first,) = add_choices(graph, (128,))
     first.load()  # compiled here, no workers
