@@ -152,6 +152,37 @@ def test_warm_process_compiles_nothing(tmp_path):
     assert warm_compiled == "0" and warm_objects == cold_objects
 
 
+FLEET_SCRIPT = WARM_SCRIPT + textwrap.dedent("""
+    import sys
+    if sys.argv[1:] == ["save"]:
+        open("artifacts.bin", "wb").write(torch.compiler.save_cache_artifacts()[0])
+""")
+
+
+@pytest.mark.parametrize("share", ["redis", "artifacts"])
+def test_another_machine_compiles_nothing(tmp_path, share, request):
+    """Separate Inductor and kernel caches: the second machine gets the graph and the
+    kernel through Inductor's remote FX graph cache and our remote tier on one Redis, or
+    through the first one's cache artifacts (loaded after importing cutedsl_inductor)."""
+    env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": str(int(share == "redis"))}
+    if share == "redis":
+        env.update(request.getfixturevalue("redis_server").env())
+
+    def run(machine, *args, prelude=""):
+        machine_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / machine / "inductor"),
+                       "CUTEDSL_INDUCTOR_CACHE_DIR": str(tmp_path / machine / "kernels")}
+        done = subprocess.run([sys.executable, "-c", prelude + FLEET_SCRIPT, *args], cwd=tmp_path,
+                              env={**machine_env, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.split()[-1]
+
+    assert run("a", "save") != "0"
+    load = ("import torch, cutedsl_inductor\n"
+            "torch.compiler.load_cache_artifacts(open('artifacts.bin', 'rb').read())\n")
+    assert run("b", prelude=load if share == "artifacts" else "") == "0"
+
+
 def test_dynamic_shapes_share_one_binary():
     from cutedsl_inductor.compile import compiler
     from cutedsl_inductor.templates.elementwise import add_template
