@@ -46,11 +46,11 @@ class CuteDSLCacheArtifact(CacheArtifact):
 
     def populate_cache(self) -> None:
         try:
-            header, payload = unpack(self.content, self.key, "cache artifact:",
-                                     fleet_secret())
             if not _KEY.fullmatch(self.key):
                 raise PortableEntryError(source="cache artifact:", key=self.key,
                                          reason="not a cache key")
+            header, payload = unpack(self.content, self.key, "cache artifact:",
+                                     fleet_secret())
             _store(header, payload, self.key)
         except PortableEntryError as err:
             log.warning("%s; skipped", err)

@@ -150,7 +150,8 @@ class RemoteTier:
 
     def _refused(self, err: PortableEntryError) -> None:
         stats["rejected"] += 1
-        log.warning("%s; not used (the kernel compiles instead, and replaces it)", err)
+        log.warning("%s; not used (a miss: what it held is made again, and replaces it)",
+                    err)
 
     def _fault(self, action: str, err: Exception) -> None:
         import redis
