@@ -546,7 +546,7 @@ def compile_coordinate_gemm(cfg_items):
 
     cfg = dict(cfg_items)
     a, b, c, bias = make_fake_gemm_args("bf16", "fp32", "k", "k", bias_dtype="fp32",
-                                        store=cfg.store)
+                                        store=cfg.get("store", "tma"))
     row = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,))
     col = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,))
     return cute.compile(coordinate_gemm_class()(**cfg), a, b, c, bias, row, col,

@@ -30,7 +30,8 @@ def config_name(cfg):
 
 
 def _with(cfg, **changes):
-    return cfg.replace(**changes) if isinstance(cfg, GemmConfig) else _with(cfg, **changes)
+    return cfg.replace(**changes) if isinstance(cfg, GemmConfig) else {**cfg, **changes}
+
 
 PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.pingpong]
 TILE_INPUT_CONFIGS = {
