@@ -36,6 +36,9 @@ from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
+# The rendered module imports the kernel: without a usable CuTe DSL this import fails
+# and the template offers nothing (``inductor/choices.py``).
+from . import sm90_gemm  # noqa: F401
 from .config import DEFAULT_GROUP_SIZE, GemmConfig
 from .heuristic import pick_configs, swiglu_configs
 from .problem import why_not
