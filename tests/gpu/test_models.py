@@ -30,7 +30,7 @@ def kernels(caches):
 
 
 @pytest.mark.parametrize("fusion", [True, False], ids=["fusion", "no-fusion"])
-@pytest.mark.parametrize("workload", ["prefill", "decode", "decode-graphs", "train"])
+@pytest.mark.parametrize("workload", ["train", "prefill", "decode", "decode-graphs"])
 def test_llama_under_max_autotune_with_cutedsl(workload, fusion, caches, kernels):
     # our GEMM the only GEMM backend: every GEMM it can take runs on it (and autotuning
     # times no Triton template); the others fall back to ATen
