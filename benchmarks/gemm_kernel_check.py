@@ -118,7 +118,7 @@ def rel_err(out, ref) -> float:
 
 def jit_provider(cfg, ab, out, a_major, b_major, bias_dtype):
     """Compile a variant with the CuTe DSL JIT (TVM-FFI ABI)."""
-    from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
 
     return compile_sm90_gemm(cfg, ab_dtype=ab, out_dtype=out, a_major=a_major,
                              b_major=b_major, bias_dtype=bias_dtype)
@@ -183,19 +183,18 @@ def main(argv=None, provider=None, configs=None) -> int:
         return 2
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     if configs is None:
-        from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS
+        from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS
 
         configs = list(DEFAULT_CONFIGS)
     idx = [int(x) for x in args.configs.split(",") if x.strip()] or list(range(len(configs)))
     provider = provider or jit_provider
-    from cutedsl_inductor.templates.gemm.sm90_gemm import config_name
 
     rows = []
     n_fail = 0
     compiled = {}
 
     def get(cfg, ab, out, a_major, b_major, bias_dtype):
-        key = (config_name(cfg), ab, out, a_major, b_major, bias_dtype)
+        key = (cfg.name, ab, out, a_major, b_major, bias_dtype)
         if key not in compiled:
             t0 = time.time()
             try:
@@ -213,10 +212,10 @@ def main(argv=None, provider=None, configs=None) -> int:
             for case in cases:
                 (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, *_r) = case
                 bias_dtype = out if bias_kind else None
-                cfg = dict(configs[ci])
+                cfg = configs[ci]
                 if (n * TORCH_DTYPES[out].itemsize) % 16:
-                    cfg["store"] = "direct"  # the TMA store needs 16-byte rows
-                cname = config_name(cfg)
+                    cfg = cfg.replace(store="direct")  # the TMA store needs 16-byte rows
+                cname = cfg.name
                 fn, ct, err_msg = get(cfg, ab, out, a_major, b_major, bias_dtype)
                 if fn is None:
                     status, err, note = "FAIL", float("nan"), "compile: " + err_msg[:120]
@@ -244,7 +243,7 @@ def main(argv=None, provider=None, configs=None) -> int:
             ref = torch.mm(a2, b2.t())
             best = None
             for ci in idx:
-                cname = config_name(configs[ci])
+                cname = configs[ci].name
                 fn, _, err_msg = get(configs[ci], "bf16", "bf16", "k", args.b_major, None)
                 if fn is None:
                     print(f"FAIL {cname} {m}x{n}x{k}: compile: {err_msg[:100]}")

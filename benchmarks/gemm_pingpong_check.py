@@ -65,7 +65,7 @@ def fused_gemm_class():
 
 
 def compile_plain(cfg):
-    from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
 
     return compile_sm90_gemm(cfg, "bf16", "bf16", "k", "k")
 
@@ -76,11 +76,11 @@ def compile_fused(cfg):
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
-    a, b, c, _ = make_fake_gemm_args("bf16", "bf16", "k", "k", store=cfg.get("store", "tma"))
+    a, b, c, _ = make_fake_gemm_args("bf16", "bf16", "k", "k", store=cfg.store)
     col_bias = make_fake_tensor(cutlass.BFloat16, (cute.sym_int32(),), (1,))
-    return cute.compile(fused_gemm_class()(**cfg), a, b, c, col_bias,
+    return cute.compile(fused_gemm_class()(cfg), a, b, c, col_bias,
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options="--enable-tvm-ffi")
 
@@ -94,18 +94,18 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    from cutedsl_inductor.templates.gemm.sm90_gemm import config_name, pick_configs
+    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     start = time.time()
     compiled: dict = {}
 
     def kernel(kind, cfg):
-        key = (kind, config_name(cfg))
+        key = (kind, cfg.name)
         if key not in compiled:
             t0 = time.time()
             compiled[key] = (compile_plain if kind == "plain" else compile_fused)(cfg)
-            print(f"  compiled {kind:5s} {config_name(cfg)} in {time.time() - t0:.1f} s")
+            print(f"  compiled {kind:5s} {cfg.name} in {time.time() - t0:.1f} s")
         return compiled[key]
 
     rows, n_fail = [], 0
@@ -125,19 +125,19 @@ def main() -> int:
 
         ranked = pick_configs(m, n, k, max_configs=64)
         best = {}
-        for label, members in (("coop", [c for c in ranked if c.get("cooperative", True)]),
-                               ("pp", [c for c in ranked if c.get("pingpong")])):
+        for label, members in (("coop", [c for c in ranked if c.cooperative]),
+                               ("pp", [c for c in ranked if c.pingpong])):
             for cfg in members[:CANDIDATES_PER_KIND]:
                 fn = kernel("plain", cfg)
                 out.fill_(float("nan"))
                 fn(A, B, C, None, 1.0, 0.0)
                 err = rel_err(out, ref.double())
                 if not err < TOLERANCE:
-                    print(f"FAIL {config_name(cfg)}: rel_err={err:.2e}")
+                    print(f"FAIL {cfg.name}: rel_err={err:.2e}")
                     n_fail += 1
                     continue
                 ms = bench_ms(lambda: fn(A, B, C, None, 1.0, 0.0), 25, 100)
-                print(f"  {label:4s} {config_name(cfg):28s} {ms:.3f} ms "
+                print(f"  {label:4s} {cfg.name:28s} {ms:.3f} ms "
                       f"{flops / ms * 1e-9:7.1f} TFLOP/s")
                 if label not in best or ms < best[label][1]:
                     best[label] = (cfg, ms)
@@ -148,11 +148,11 @@ def main() -> int:
             fn(A, B, C, bias)
             err = rel_err(out, ref_fused)
             if not err < TOLERANCE:
-                print(f"FAIL fused {config_name(cfg)}: rel_err={err:.2e}")
+                print(f"FAIL fused {cfg.name}: rel_err={err:.2e}")
                 n_fail += 1
                 continue
             fused_ms[label] = bench_ms(lambda: fn(A, B, C, bias), 25, 100)
-            print(f"  {label:4s} {config_name(cfg):28s} fused gelu+bias {fused_ms[label]:.3f} ms")
+            print(f"  {label:4s} {cfg.name:28s} fused gelu+bias {fused_ms[label]:.3f} ms")
         rows.append(((m, n, k), flops, ms_torch, ms_torch_fused, best, fused_ms))
 
     def tf(flops, ms):
@@ -168,7 +168,7 @@ def main() -> int:
         t_pp = tf(flops, best["pp"][1]) if "pp" in best else float("nan")
         f_coop = tf(flops, fused.get("coop"))
         f_pp = tf(flops, fused.get("pp"))
-        names = " / ".join(config_name(best[key][0]) for key in ("coop", "pp") if key in best)
+        names = " / ".join(best[key][0].name for key in ("coop", "pp") if key in best)
         print(f"{f'{m}x{n}x{k}':>17s} {t_torch:6.1f} {t_coop:6.1f} {t_pp:6.1f} "
               f"{t_pp / t_coop:7.2f} {t_coop / t_torch:10.2f} {t_pp / t_torch:8.2f} | "
               f"{tf(flops, ms_tf):6.1f} {f_coop:6.1f} {f_pp:6.1f} {f_pp / f_coop:9.2f} "

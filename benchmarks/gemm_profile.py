@@ -29,7 +29,6 @@ if REPO not in sys.path:
 from benchmarks.gemm_sweep import parse_variant, sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
-from cutedsl_inductor.templates.gemm.sm90_gemm import config_name  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     with config.patch(arch="sm_90a", disk_cache=True):
         choices = sweep_choices(m, n, k, args.layout, args.variant, args.ranked)
-        runs = {config_name(cfg): choice.load().run for cfg, _, choice in choices}
+        runs = {cfg.name: choice.load().run for cfg, _, choice in choices}
     missing = [name for name in args.configs if name not in runs]
     if missing:
         print(f"not among the first {args.ranked} candidates: {missing}; ranked: {list(runs)}")

@@ -24,13 +24,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from cutedsl_inductor.templates.gemm.config import GemmConfig  # noqa: E402
+
 SHAPES = [(m, n, k) for m in (16, 64, 128, 256)
           for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
 # Split-K configs timed where pick_configs proposes none (tiles already fill the SMs).
 FALLBACK_SPLIT_K = [
-    dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
+    GemmConfig(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
          raster="n", split_k=2),
-    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True,
+    GemmConfig(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, cooperative=True,
          raster="m", split_k=2),
 ]
 TOLERANCE = 2e-2  # relative Frobenius error against torch.mm (both bf16 outputs)
@@ -49,8 +51,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    from cutedsl_inductor.templates.gemm.sm90_gemm import (compile_sm90_gemm, config_name,
-                                                            pick_configs)
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
+    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     from cutlass.utils import HardwareInfo
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
     compiled: dict[str, object] = {}
 
     def kernel(cfg):
-        name = config_name(cfg)
+        name = cfg.name
         if name not in compiled:
             t0 = time.time()
             compiled[name] = compile_sm90_gemm(cfg, "bf16", "bf16", "k", "k")
@@ -86,8 +88,8 @@ def main(argv=None) -> int:
         c_mat = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         c = c_mat.as_strided((m, n, 1), (n, 1, m * n))
         ranked = pick_configs(m, n, k, "bf16", max_configs=32)
-        unsplit = [cfg for cfg in ranked if cfg.get("split_k", 1) == 1][:args.top]
-        split = [cfg for cfg in ranked if cfg.get("split_k", 1) > 1][:args.top]
+        unsplit = [cfg for cfg in ranked if cfg.split_k == 1][:args.top]
+        split = [cfg for cfg in ranked if cfg.split_k > 1][:args.top]
         best = {}
         for kind, cfgs in (("unsplit", unsplit), ("split", split or FALLBACK_SPLIT_K)):
             for cfg in cfgs:
@@ -97,12 +99,12 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 err = ((c_mat.double() - ref.double()).norm() / ref.double().norm()).item()
                 if not err < TOLERANCE:  # also catches NaN
-                    print(f"FAIL {config_name(cfg)} {m}x{n}x{k}: rel_err={err:.2e}")
+                    print(f"FAIL {cfg.name} {m}x{n}x{k}: rel_err={err:.2e}")
                     failures += 1
                     continue
                 ms = bench_ms(lambda: fn(a, b, c, None, 1.0, 0.0))
                 if kind not in best or ms < best[kind][1]:
-                    best[kind] = (config_name(cfg), ms)
+                    best[kind] = (cfg.name, ms)
         rows.append((m, n, k, flops, ms_cublas, best, bool(split)))
     print(f"\n{'M':>4s} {'N':>6s} {'K':>6s} | {'cuBLAS':>7s} | {'best unsplit':30s} {'TF/s':>6s} "
           f"{'/cuB':>5s} | {'best split-K':32s} {'TF/s':>6s} {'/cuB':>5s} {'/unsp':>6s}")

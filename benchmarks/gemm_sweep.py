@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import os
 import statistics
 import sys
@@ -42,8 +43,8 @@ if REPO not in sys.path:
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import checked_run, operands, parse_shapes  # noqa: E402
 from cutedsl_inductor.bench.timing import clock_and_power, interleaved_ms  # noqa: E402
-from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
-    Sm90Gemm, config_name, pick_configs, swiglu_configs)
+from cutedsl_inductor.templates.gemm.config import GemmConfig, config_error  # noqa: E402
+from cutedsl_inductor.templates.gemm.heuristic import pick_configs, swiglu_configs  # noqa: E402
 
 
 
@@ -64,7 +65,7 @@ def parse_variant(text: str) -> dict[str, Any]:
 
 def sweep_configs(m: int, n: int, k: int, variants: list[dict[str, Any]],
                   ranked_limit: int = 10_000, swiglu: bool = False
-                  ) -> list[tuple[dict[str, Any], int | None]]:
+                  ) -> list[tuple[GemmConfig, int | None]]:
     """(config, heuristic rank or None) for the first ``ranked_limit`` ranked candidates
     (of the two-weight kernel with ``swiglu``) and their valid variants."""
     ranked = (swiglu_configs if swiglu else pick_configs)(m, n, k, max_configs=ranked_limit)
@@ -72,20 +73,23 @@ def sweep_configs(m: int, n: int, k: int, variants: list[dict[str, Any]],
     # candidate that has its own 12-stage entry) must not hide its rank.
     entries = [(cfg, rank if rank < config.gemm_max_configs else None)
                for rank, cfg in enumerate(ranked)]
-    entries += [(dict(cfg, **fields), None) for cfg in ranked for fields in variants]
+    entries += [(dataclasses.asdict(cfg) | fields, None) for cfg in ranked for fields in variants]
     configs, seen = [], set()
     for candidate, rank in entries:
-        name = config_name(candidate)
-        if name in seen or Sm90Gemm.config_error(**candidate) is not None:
+        if not isinstance(candidate, GemmConfig):
+            if config_error(**candidate) is not None:
+                continue
+            candidate = GemmConfig(**candidate)
+        if candidate.name in seen:
             continue
-        seen.add(name)
+        seen.add(candidate.name)
         configs.append((candidate, rank))
     return configs
 
 
 def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, Any]],
                   ranked_limit: int, swiglu: bool = False
-                  ) -> list[tuple[dict[str, Any], int | None, Any]]:
+                  ) -> list[tuple[GemmConfig, int | None, Any]]:
     """(config, rank, template choice) for the configs the kernel can run here."""
     from torch._inductor import ir
 
@@ -125,25 +129,25 @@ def time_choices(m: int, n: int, k: int, layout: str, entries: list, top: int,
             run = checked_run(choice, (a, *weights), out, reference)
         except Exception as err:  # a failing config is reported, the others go on
             failures += 1
-            print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
+            print(f"  FAILED {cfg.name}: {type(err).__name__}: {err}")
             continue
-        fns[config_name(cfg)] = lambda run=run: run(a, *weights, out)
+        fns[cfg.name] = lambda run=run: run(a, *weights, out)
         ranked.append((cfg, rank))
     times = interleaved_ms(fns, rounds)
     tflops = {name: flops / statistics.median(ms) / 1e9 for name, ms in times.items()}
     cublas = tflops["cuBLAS"]
-    rows = sorted(((tflops[config_name(cfg)], cfg, rank) for cfg, rank in ranked),
+    rows = sorted(((tflops[cfg.name], cfg, rank) for cfg, rank in ranked),
                   key=lambda row: -row[0])
     print(f"\n{m}x{n}x{k} {layout}: cuBLAS {cublas:.0f} TFLOP/s; {len(rows)} configs")
     for rate, cfg, rank in rows[:top]:
-        print(f"  {config_name(cfg):36s} {rate:6.0f} {rate / cublas:5.2f}  "
+        print(f"  {cfg.name:36s} {rate:6.0f} {rate / cublas:5.2f}  "
               f"rank {'-' if rank is None else rank}")
     offered = [row for row in rows if row[2] is not None]
     if rows and offered:
         print(f"  best offered / best swept: {offered[0][0] / rows[0][0]:.2f}")
     if clocks:
         print_clocks({name: fns[name] for name in
-                      ["cuBLAS"] + [config_name(cfg) for _, cfg, _ in rows[:clocks]]})
+                      ["cuBLAS"] + [cfg.name for _, cfg, _ in rows[:clocks]]})
     return failures
 
 
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                             choice.load()
                         except Exception as err:
                             failures += 1
-                            print(f"  FAILED {config_name(cfg)}: {type(err).__name__}: {err}")
+                            print(f"  FAILED {cfg.name}: {type(err).__name__}: {err}")
                     print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
                 else:
                     failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu,

@@ -32,7 +32,6 @@ from benchmarks.gemm_sweep import sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import checked_run, operands, parse_rounds  # noqa: E402
 from cutedsl_inductor.bench.timing import interleaved_ms  # noqa: E402
-from cutedsl_inductor.templates.gemm.sm90_gemm import config_name  # noqa: E402
 
 
 def scan(m: int, n: int, ks: list[int], layout: str, ranked: int, rounds: int) -> None:
@@ -45,7 +44,7 @@ def scan(m: int, n: int, ks: list[int], layout: str, ranked: int, rounds: int) -
         fns = {"cuBLAS": lambda a=a, b=b: torch.mm(a, b)}
         for cfg, _, choice in sweep_choices(m, n, k, layout, [], ranked):
             run = checked_run(choice, (a, b), out, reference)
-            fns[config_name(cfg)] = lambda run=run, a=a, b=b, out=out: run(a, b, out)
+            fns[cfg.name] = lambda run=run, a=a, b=b, out=out: run(a, b, out)
         for name, per_round in interleaved_ms(fns, rounds).items():
             times.setdefault(name, []).append(1e3 * statistics.median(per_round))
     print(f"\n{m}x{n}xK {layout}: us per K in {ks}; fit t = a + b K")

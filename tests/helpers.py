@@ -118,7 +118,8 @@ def compile_residual_gemm(cfg, dump_dir=None):
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm, make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     class ResidualGemm(Sm90Gemm):
         @cute.jit

@@ -59,6 +59,7 @@ class Case:
     batch: int = 0  # 0: the workload's default (WORKLOADS)
     seq: int = 0
     fusion: bool | None = None  # cutedsl only; None: config.epilogue_fusion as set
+    gemm_backends: str = ""  # "": the variant's (BACKENDS)
     steps: int = 15
     warmup: int = 3
 
@@ -131,7 +132,8 @@ def _compiled(case: Case, model: Any) -> Any:
     graphs = case.workload == "decode-graphs"
     if case.variant == "default":
         return torch.compile(model, mode="reduce-overhead" if graphs else None)
-    torch._inductor.config.max_autotune_gemm_backends = BACKENDS[case.variant]
+    torch._inductor.config.max_autotune_gemm_backends = (case.gemm_backends
+                                                         or BACKENDS[case.variant])
     if case.fusion is not None:
         config.epilogue_fusion = case.fusion
     return torch.compile(model, mode="max-autotune" if graphs else "max-autotune-no-cudagraphs")
@@ -249,8 +251,8 @@ def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
             for variant in args.variants:
                 fusions = args.fusion if variant == "cutedsl" else [None]
                 for fusion in fusions:
-                    case = Case(family, workload, variant, args.layers, batch, seq, fusion,
-                                args.steps)
+                    case = Case(family, workload, variant, layers=args.layers, batch=batch,
+                                seq=seq, fusion=fusion, steps=args.steps)
                     cases.append((case, f"{family}-{workload}-{variant}"))
     return cases
 

@@ -10,6 +10,7 @@ import torch
 from torch._inductor import ir
 
 from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.templates.gemm.config import GemmConfig
 from cutedsl_inductor.templates.gemm.template import gemm_choices
 from tests.helpers import make_input
 
@@ -29,8 +30,8 @@ def test_a_new_process_rebuilds_the_choice_from_its_request(graph, tmp_path):
     layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [200, 384])
     choices = []
     gemm_choices(choices, "mm", [x, w_t], layout, configs=[
-        dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, cooperative=False,
-             raster="n")])
+        GemmConfig(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1,
+                   cooperative=False, raster="n")])
     (choice,) = choices
     choice.load()  # the parent's precompile: compiled into its disk cache
     request = choice.bmreq

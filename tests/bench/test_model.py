@@ -21,7 +21,7 @@ def test_fusion_off_shares_the_caches_of_fusion_on():
 def test_tokens_override_every_workload():
     (case, _), = cases_of(args("--families", "gpt2", "--workloads", "train", "--variants",
                                "eager", "--tokens", "1x512"))
-    assert case == Case("gpt2", "train", "eager", 2, 1, 512, None, 15)
+    assert case == Case("gpt2", "train", "eager", layers=2, batch=1, seq=512, steps=15)
     assert case.tokens == (1, 512)
 
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from cutedsl_inductor import config
+from cutedsl_inductor.templates.gemm.config import GemmConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -133,11 +134,11 @@ def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch)
     """Only swap-AB choices offered (C^T = B A^T, the kernel's (m, n) torch's (n, m)): the
     fused epilogue reads row, column and full inputs at the output's coordinates."""
     from cutedsl_inductor.templates.gemm import template
-    from cutedsl_inductor.templates.gemm.sm90_gemm import pick_configs
+    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
 
     def swap_ab_only(*args, **kwargs):
         ranked = pick_configs(*args, **dict(kwargs, max_configs=100))
-        return [c for c in ranked if c.get("swap_ab")][:2]
+        return [c for c in ranked if c.swap_ab][:2]
 
     monkeypatch.setattr(template, "pick_configs", swap_ab_only)
     check_row_column_and_full_inputs(m, n)
@@ -149,7 +150,7 @@ def test_256x192_tiles_with_their_epilogue_spilling_match_eager(m, n, monkeypatc
     epilogue's values spill to local memory): M and N tails, row, column and full inputs."""
     from cutedsl_inductor.templates.gemm import template
 
-    monkeypatch.setattr(template, "pick_configs", lambda *args, **kwargs: [dict(
+    monkeypatch.setattr(template, "pick_configs", lambda *args, **kwargs: [GemmConfig(
         tile_m=256, tile_n=192, cluster_n=2, cooperative=True, raster="n")])
     assert "'TILE_N': 192" in check_row_column_and_full_inputs(m, n)
 
@@ -235,25 +236,25 @@ def test_swiglu_where_the_aten_fallback_wins_runs_as_inductor_would():
 
 
 SWIGLU_CONFIGS = [
-    dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m", swiglu="b"),
-    dict(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
-    dict(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
-    dict(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m",
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m", swiglu="b"),
+    GemmConfig(tile_m=256, tile_n=64, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
+    GemmConfig(tile_m=256, tile_n=96, cluster_n=2, cooperative=True, raster="n", swiglu="b"),
+    GemmConfig(tile_m=128, tile_n=64, cluster_m=2, cooperative=False, pingpong=True, raster="m",
          swiglu="b"),
-    dict(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n", swiglu="b"),
-    dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct", swiglu="b"),
+    GemmConfig(tile_m=64, tile_n=128, cluster_n=2, cooperative=False, raster="n", swiglu="b"),
+    GemmConfig(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct", swiglu="b"),
     # swap-AB (C^T = W X^T, the weights the kernel's A): tile_n runs over torch's M
-    dict(tile_m=64, tile_n=16, cluster_m=2, cooperative=False, raster="m", store="direct",
+    GemmConfig(tile_m=64, tile_n=16, cluster_m=2, cooperative=False, raster="m", store="direct",
          swap_ab=True, swiglu="a"),
-    dict(tile_m=128, tile_n=32, cluster_m=2, cooperative=True, raster="m", store="direct",
+    GemmConfig(tile_m=128, tile_n=32, cluster_m=2, cooperative=True, raster="m", store="direct",
          swap_ab=True, swiglu="a"),
 ]
 
 
 @pytest.mark.parametrize("weights", ["nk", "kn"])
-@pytest.mark.parametrize("cfg", SWIGLU_CONFIGS, ids=lambda c: "{tile_m}x{tile_n}".format(**c)
-                         + ("_pp" if c.get("pingpong") else "_coop" if c["cooperative"]
-                            else "_1wg") + ("_swap" if c.get("swap_ab") else ""))
+@pytest.mark.parametrize("cfg", SWIGLU_CONFIGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}"
+                         + ("_pp" if c.pingpong else "_coop" if c.cooperative
+                            else "_1wg") + ("_swap" if c.swap_ab else ""))
 def test_each_kind_of_swiglu_kernel_matches_eager(cfg, weights, monkeypatch):
     """One config at a time, the only choice (the ATen fallback filtered out): M, N and K
     tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled;

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cutedsl_inductor import config
-from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, DEFAULT_CONFIGS, config_name
+from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS, EXTRA_CONFIGS
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +81,7 @@ def test_random_shapes_match_float64():
             assert relative_error(out, ref) < TOLERANCE, f"{m}x{n}x{k} {description}"
 
 
-@pytest.mark.parametrize("cfg", _EXTRA_CONFIGS, ids=config_name)
+@pytest.mark.parametrize("cfg", EXTRA_CONFIGS, ids=lambda c: c.name)
 def test_small_tile_configs_match_float64(cfg):
     """The small-M candidates outside DEFAULT_CONFIGS, over M, N and K tails."""
     a = torch.randn(129, 1000, device="cuda", dtype=torch.bfloat16)
@@ -90,8 +90,8 @@ def test_small_tile_configs_match_float64(cfg):
     assert relative_error(out, a.double() @ b.double()) < TOLERANCE, description
 
 
-@pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS
-                                 if c["tile_n"] in (192, 224)], ids=config_name)
+@pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS + EXTRA_CONFIGS
+                                 if c.tile_n in (192, 224)], ids=lambda c: c.name)
 @pytest.mark.parametrize("b_t", [False, True])
 def test_tiles_of_192_and_224_match_float64(cfg, b_t):
     """N tiles that are not a power of two (224: B N-major in 64-byte swizzled smem; 256x192:
@@ -138,10 +138,10 @@ def test_addmm_bias_alpha_beta_match_float64():
 # -- swap-AB (C^T = B A^T, small M) through the template ------------------------------
 
 def swap_ab_configs(m, split_k=1):
-    from cutedsl_inductor.templates.gemm.sm90_gemm import _swap_ab_configs
+    from cutedsl_inductor.templates.gemm.heuristic import swap_ab_configs
 
-    configs = _swap_ab_configs(m)
-    return [dict(c, split_k=split_k) for c in configs] if split_k > 1 else configs
+    configs = swap_ab_configs(m)
+    return [c.replace(split_k=split_k) for c in configs] if split_k > 1 else configs
 
 
 SWAP_AB_CASES = [  # (M, N, K, dtype, A transposed, B transposed): tiles of 16 and 32
@@ -302,13 +302,12 @@ SPLIT_K_TILES = {
 @functools.lru_cache(maxsize=None)
 def split_k_kernel(tile, split_k, store, a_major, b_major, bias_dtype=None,
                    max_active_clusters=None, cluster=(1, 1)):
-    from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
 
     cfg = dict(SPLIT_K_TILES[tile], split_k=split_k, store=store, cluster_m=cluster[0],
                cluster_n=cluster[1])
-    if max_active_clusters:
-        cfg["max_active_clusters"] = max_active_clusters
-    return compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias_dtype)
+    return compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias_dtype,
+                             max_active_clusters=max_active_clusters or None)
 
 
 def kernel_operand(rows, cols, l, major, dtype=torch.bfloat16, fill="randn"):
@@ -426,30 +425,30 @@ def test_split_k_choice_through_the_template():
 # -- ping-pong consumer scheduling: the kernel called directly ---------------------
 
 def pingpong_configs():
-    from cutedsl_inductor.templates.gemm.sm90_gemm import _EXTRA_CONFIGS, DEFAULT_CONFIGS
+    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS, EXTRA_CONFIGS
 
-    return [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
+    return [c for c in DEFAULT_CONFIGS + EXTRA_CONFIGS if c.pingpong]
 
 
 _PINGPONG_KERNELS = {}
 
 
-def check_pingpong(cfg, case):
+def check_pingpong(cfg, case, max_active_clusters=None):
     """Compile ``cfg`` for ``case`` (a ``benchmarks/gemm_kernel_check.py`` correctness
     case; cached) and run it there: NaN-poisoned padded output, float64 reference,
     nothing written past N."""
     from benchmarks.gemm_kernel_check import run_case
-    from cutedsl_inductor.templates.gemm.sm90_gemm import compile_sm90_gemm, config_name
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
 
     (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, *_rest) = case
-    cfg = dict(cfg, store="direct" if (n * (4 if out == "fp32" else 2)) % 16 else
-               cfg.get("store", "tma"))
+    cfg = cfg.replace(store="direct" if (n * (4 if out == "fp32" else 2)) % 16 else cfg.store)
     bias_dtype = out if bias_kind else None
-    key = (repr(sorted(cfg.items())), ab, out, a_major, b_major, bias_dtype)
+    key = (cfg, max_active_clusters, ab, out, a_major, b_major, bias_dtype)
     if key not in _PINGPONG_KERNELS:
-        _PINGPONG_KERNELS[key] = compile_sm90_gemm(cfg, ab, out, a_major, b_major, bias_dtype)
+        _PINGPONG_KERNELS[key] = compile_sm90_gemm(cfg, ab, out, a_major, b_major, bias_dtype,
+                                                   max_active_clusters=max_active_clusters)
     ok, err, note = run_case(_PINGPONG_KERNELS[key], case)
-    assert ok, f"{config_name(cfg)} {case}: rel_err={err:.2e} {note}"
+    assert ok, f"{cfg.name} {case}: rel_err={err:.2e} {note}"
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
@@ -482,15 +481,13 @@ def test_pingpong_tile_counts_per_cta(cfg_idx, clusters):
     """Few persistent clusters (``max_active_clusters``) over 1..7 tiles each, so that a
     warpgroup gets no tile, both get the same number, or one gets one more; with
     K long enough for many more k-tiles than ring stages, and K of one k-tile."""
-    cfg = dict(pingpong_configs()[cfg_idx])
-    if clusters is not None:
-        cfg["max_active_clusters"] = clusters
-    tm, tn = cfg["tile_m"] * cfg["cluster_m"], cfg["tile_n"] * cfg["cluster_n"]
+    cfg = pingpong_configs()[cfg_idx]
+    tm, tn = cfg.tile_m * cfg.cluster_m, cfg.tile_n * cfg.cluster_n
     for tiles_m, tiles_n, k in [(1, 1, 64), (1, 1, 4096), (2, 1, 2048), (1, 3, 1000),
                                 (3, 2, 2056), (7, 1, 40), (2, 5, 3000)]:
         m, n = tiles_m * tm - 3, tiles_n * tn - 8
         check_pingpong(cfg, (f"{tiles_m}x{tiles_n}_clusters_k{k}", m, n, k, 1, "k", "k",
-                             "bf16", "bf16", None, 1.0, 0.0, 0))
+                             "bf16", "bf16", None, 1.0, 0.0, 0), max_active_clusters=clusters)
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
@@ -545,7 +542,7 @@ def compile_coordinate_gemm(cfg_items):
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     cfg = dict(cfg_items)
     a, b, c, bias = make_fake_gemm_args("bf16", "fp32", "k", "k", bias_dtype="fp32",

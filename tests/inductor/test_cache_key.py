@@ -101,3 +101,31 @@ def test_the_key_changes_with_our_versions(monkeypatch):
     versions = {**compiler.toolchain_versions(), "cutedsl_inductor": "0.0.0-other"}
     monkeypatch.setattr(compiler, "toolchain_versions", lambda: versions)
     assert fx_graph_cache_key() != before
+
+
+CODE_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    if sys.argv[1] == "imported":
+        import cutedsl_inductor
+    from torch._inductor.utils import run_and_get_code
+
+    def block(x, w, b):
+        return torch.nn.functional.gelu(torch.addmm(b, x, w.t())) * 2 + x.sum()
+
+    x, w, b = torch.randn(64, 32), torch.randn(32, 32), torch.randn(32)
+    with torch._inductor.config.patch(max_autotune=True, fx_graph_cache=False):
+        _, (code,) = run_and_get_code(torch.compile(block), x, w, b)
+    print(code)
+""")
+
+
+def test_importing_the_package_with_cutedsl_off_changes_no_output_code(tmp_path):
+    codes = []
+    for mode in ("plain", "imported"):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / mode)}
+        run = subprocess.run([sys.executable, "-c", CODE_SCRIPT, mode], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        codes.append(run.stdout.replace(str(tmp_path / mode), "<cache>"))
+    assert "def call(" in codes[0] and codes[0] == codes[1]

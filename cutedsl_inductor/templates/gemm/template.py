@@ -36,7 +36,12 @@ from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
-from .sm90_gemm import DEFAULT_GROUP_SIZE, Sm90Gemm, pick_configs, swiglu_configs
+# The rendered module imports the kernel: without a usable CuTe DSL this import fails
+# and the template offers nothing (``inductor/choices.py``).
+from . import sm90_gemm  # noqa: F401
+from .config import DEFAULT_GROUP_SIZE, GemmConfig
+from .heuristic import pick_configs, swiglu_configs
+from .problem import why_not
 
 log = logging.getLogger(__name__)
 
@@ -133,24 +138,24 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
 
 
-def _params(cfg: dict[str, Any], has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
+def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
     params = {
-        "TILE_M": cfg["tile_m"], "TILE_N": cfg["tile_n"], "TILE_K": cfg.get("tile_k", 64),
-        "CLUSTER_M": cfg.get("cluster_m", 1), "CLUSTER_N": cfg.get("cluster_n", 1),
-        "STAGES": cfg.get("stages", 0), "RASTER": cfg.get("raster", "m"),
-        "COOPERATIVE": cfg.get("cooperative", True), "PINGPONG": cfg.get("pingpong", False),
-        "STORE": cfg.get("store", "tma"),
+        "TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k,
+        "CLUSTER_M": cfg.cluster_m, "CLUSTER_N": cfg.cluster_n,
+        "STAGES": cfg.stages, "RASTER": cfg.raster,
+        "COOPERATIVE": cfg.cooperative, "PINGPONG": cfg.pingpong,
+        "STORE": cfg.store,
         "HAS_BIAS": has_bias, "ALPHA": float(alpha), "BETA": float(beta),
     }
     # Only where set: the source (and cache key) of other choices stays as it was.
-    if cfg.get("split_k", 1) > 1:
-        params["SPLIT_K"] = cfg["split_k"]
-    if cfg.get("group_size", DEFAULT_GROUP_SIZE) != DEFAULT_GROUP_SIZE:
-        params["GROUP_SIZE"] = cfg["group_size"]
-    if cfg.get("swap_ab"):
+    if cfg.split_k > 1:
+        params["SPLIT_K"] = cfg.split_k
+    if cfg.group_size != DEFAULT_GROUP_SIZE:
+        params["GROUP_SIZE"] = cfg.group_size
+    if cfg.swap_ab:
         params["SWAP_AB"] = True
-    if cfg.get("swiglu"):
-        params["SWIGLU"] = cfg["swiglu"]
+    if cfg.swiglu:
+        params["SWIGLU"] = cfg.swiglu
     return params
 
 
@@ -170,7 +175,7 @@ def _is_runtime(expr: Any) -> bool:
 
 
 def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(``Sm90Gemm.why_not`` arguments, None) for a problem the kernel can run, else
+    """(``problem.why_not`` arguments, None) for a problem the kernel can run, else
     (None, the reason)."""
     from torch._inductor.virtualized import V
 
@@ -206,7 +211,7 @@ def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, 
         batch_strides=tuple(hint(x) for x in (a.get_stride()[0], b.get_stride()[0],
                                               layout.stride[0])) if batch else None,
     )
-    return problem, Sm90Gemm.why_not(**problem)
+    return problem, why_not(**problem)
 
 
 def swapped_problem(problem: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +232,7 @@ def _max_configs() -> int | None:
 
 def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
                  alpha: float = 1.0, beta: float = 0.0,
-                 configs: list[dict[str, Any]] | None = None) -> None:
+                 configs: list[GemmConfig] | None = None) -> None:
     """Append the Hopper GEMM's choices for ``op`` (see the module docstring); those of
     ``configs`` instead of the heuristic's, where given (config sweeps)."""
     problem, reason = gemm_problem(nodes, layout)
@@ -240,7 +245,7 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
 
 
 def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
-                   configs: list[dict[str, Any]] | None = None) -> None:
+                   configs: list[GemmConfig] | None = None) -> None:
     """Append the two-weight kernel's choices for ``silu(x @ w_gate) * (x @ w_up)``,
     ``nodes`` = [x, w_gate, w_up] (weights as the mm's (K, N) operands, of one layout);
     none, with a debug log, where the GEMM of x and either weight does not suit the
@@ -259,20 +264,20 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
     _append_choices(choices, nodes, layout, [problem, up_problem], configs)
 
 
-def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[dict[str, Any]]:
+def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfig]:
     """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``)."""
     return ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
                   max_configs=_max_configs(), l=problem["l"], out_dtype=layout.dtype)
 
 
 def _append_choices(choices: list[Any], nodes: list[Any], layout: Any,
-                    problems: list[dict[str, Any]], configs: list[dict[str, Any]],
+                    problems: list[dict[str, Any]], configs: list[GemmConfig],
                     has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0) -> None:
     """One choice per config that the kernel can run on every one of ``problems``
     (swapped for a swap-AB config)."""
     for cfg in configs:
-        if any(Sm90Gemm.why_not(**(swapped_problem(p) if cfg.get("swap_ab") else p),
-                                config=cfg) for p in problems):
+        if any(why_not(**(swapped_problem(p) if cfg.swap_ab else p), config=cfg)
+               for p in problems):
             continue
         gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
                                           **_params(cfg, has_bias, alpha, beta))

@@ -9,16 +9,31 @@ import pytest  # noqa: E402
 cutlass = pytest.importorskip("cutlass")
 import cutlass.cute as cute  # noqa: E402
 
-from cutedsl_inductor.templates.gemm.sm90_gemm import (  # noqa: E402
-    _EXTRA_CONFIGS,
+from cutedsl_inductor.templates.gemm.config import GemmConfig, config_error  # noqa: E402
+from cutedsl_inductor.templates.gemm.heuristic import (  # noqa: E402
     DEFAULT_CONFIGS,
-    Sm90Gemm,
-    compile_sm90_gemm,
-    config_name,
+    EXTRA_CONFIGS as _EXTRA_CONFIGS,
     pick_configs,
 )
+from cutedsl_inductor.templates.gemm.problem import can_implement, why_not  # noqa: E402
+from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm  # noqa: E402
+from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm  # noqa: E402
 
-PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.get("pingpong")]
+
+def config_name(cfg):
+    """A config's name; for a test's literal fields (some given ``store="direct"`` by the
+    test itself) that of the config they name."""
+    if isinstance(cfg, GemmConfig):
+        return cfg.name
+    return GemmConfig(**cfg).name if config_error(**cfg) is None else GemmConfig(
+        **dict(cfg, store="direct")).name
+
+
+def _with(cfg, **changes):
+    return cfg.replace(**changes) if isinstance(cfg, GemmConfig) else {**cfg, **changes}
+
+
+PINGPONG_CONFIGS = [c for c in DEFAULT_CONFIGS + _EXTRA_CONFIGS if c.pingpong]
 TILE_INPUT_CONFIGS = {
     "coop_128x256_c2x1": dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cooperative=True),
     "pp_128x128_c2x1": dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cooperative=False,
@@ -52,7 +67,7 @@ def test_epilogue_hook_override_compiles():
     """A fused `relu(alpha * acc) * scale[n]` with an extra per-column tensor."""
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     class ScaledReluGemm(Sm90Gemm):
         @cute.jit
@@ -72,14 +87,14 @@ def test_epilogue_hook_override_compiles():
 
     a, b, c, _ = make_fake_gemm_args()
     scale = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,))
-    cute.compile(ScaledReluGemm(**DEFAULT_CONFIGS[5]), a, b, c, scale, cutlass.Float32(1.0),
+    cute.compile(ScaledReluGemm(DEFAULT_CONFIGS[5]), a, b, c, scale, cutlass.Float32(1.0),
                  make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
 def _ptx_of(gemm, directory):
     """The PTX of ``gemm`` compiled GPU-less (bf16, K-major operands, no bias)."""
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     directory.mkdir()
     a, b, c, bias = make_fake_gemm_args()
@@ -113,7 +128,7 @@ def test_epilogue_math_starts_after_the_tiles_last_ring_slot_is_released(tmp_pat
 
 @pytest.mark.parametrize("cfg_idx,bias", [(0, "bf16"), (6, None)])
 def test_direct_store_variant_compiles(cfg_idx, bias):
-    compile_sm90_gemm(dict(DEFAULT_CONFIGS[cfg_idx], store="direct"), "bf16", "bf16", "m", "n",
+    compile_sm90_gemm(_with(DEFAULT_CONFIGS[cfg_idx], store="direct"), "bf16", "bf16", "m", "n",
                       bias_dtype=bias)
 
 
@@ -129,7 +144,7 @@ def test_explicit_stages_and_raster_compile():
     ("direct", "m", "n", "fp32", "fp32"),
 ])
 def test_pingpong_variants_compile(cfg, store, a_major, b_major, out, bias):
-    compile_sm90_gemm(dict(cfg, store=store), "bf16", out, a_major, b_major, bias_dtype=bias)
+    compile_sm90_gemm(_with(cfg, store=store), "bf16", out, a_major, b_major, bias_dtype=bias)
 
 
 def test_pingpong_fp16_compiles():
@@ -142,7 +157,7 @@ def test_pingpong_epilogue_hook_override_compiles(store):
     config."""
     from benchmarks.gemm_pingpong_check import compile_fused
 
-    assert callable(compile_fused(dict(PINGPONG_CONFIGS[0], store=store)))
+    assert callable(compile_fused(_with(PINGPONG_CONFIGS[0], store=store)))
 
 
 def test_pingpong_config_names():
@@ -163,8 +178,8 @@ def test_pingpong_config_names():
 def test_bad_pingpong_configs_raise_value_error(bad):
     with pytest.raises(ValueError):
         Sm90Gemm(**bad)
-    assert Sm90Gemm.config_error(**bad) is not None
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 256, 256, 256,
+    assert config_error(**bad) is not None
+    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 256, 256, 256,
                                       config=bad)
 
 
@@ -183,7 +198,7 @@ def test_bad_pingpong_configs_raise_value_error(bad):
 def test_bad_configs_raise_value_error(bad):
     with pytest.raises(ValueError):
         Sm90Gemm(**bad)
-    assert Sm90Gemm.config_error(**bad) is not None
+    assert config_error(**bad) is not None
 
 
 def test_bad_dtype_is_rejected_at_trace_time():
@@ -201,26 +216,26 @@ def test_bad_dtype_is_rejected_at_trace_time():
 def test_can_implement():
     import torch
 
-    assert Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 1000, 1000, 1000)
-    assert Sm90Gemm.can_implement(torch.float16, torch.float16, torch.float32, "m", "n",
+    assert can_implement("bf16", "bf16", "bf16", "k", "k", 1000, 1000, 1000)
+    assert can_implement(torch.float16, torch.float16, torch.float32, "m", "n",
                                   136, 256, 64)
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "m", "k", 129, 256, 64)
+    assert not can_implement("bf16", "bf16", "bf16", "m", "k", 129, 256, 64)
     # K-major A with an odd K has a misaligned row stride ...
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 65)
+    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 65)
     # ... unless the leading dimension is padded.
-    assert Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
+    assert can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
                                   lda=72, ldb=72, ldc=264)
-    assert not Sm90Gemm.can_implement("bf16", "fp16", "bf16", "k", "k", 128, 128, 128)
-    assert not Sm90Gemm.can_implement("fp32", "fp32", "fp32", "k", "k", 128, 128, 128)
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 0, 128, 128)
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 128,
+    assert not can_implement("bf16", "fp16", "bf16", "k", "k", 128, 128, 128)
+    assert not can_implement("fp32", "fp32", "fp32", "k", "k", 128, 128, 128)
+    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 0, 128, 128)
+    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 128,
                                       config=dict(tile_m=64))
     # The TMA-store epilogue needs 16-byte output rows; the direct one does not.
-    assert not Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
+    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
                                       lda=72, ldb=72, ldc=264, config=DEFAULT_CONFIGS[0])
-    assert Sm90Gemm.can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65, lda=72,
-                                  ldb=72, ldc=264, config=dict(DEFAULT_CONFIGS[0], store="direct"))
-    assert "16 bytes" in Sm90Gemm.why_not("bf16", "bf16", "bf16", "k", "k", 8, 8, 8, l=2,
+    assert can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65, lda=72,
+                                  ldb=72, ldc=264, config=_with(DEFAULT_CONFIGS[0], store="direct"))
+    assert "16 bytes" in why_not("bf16", "bf16", "bf16", "k", "k", 8, 8, 8, l=2,
                                           batch_strides=(8 * 8 + 1, 64, 64))
 
 
@@ -229,16 +244,16 @@ def test_pick_configs():
         cfgs = pick_configs(*shape, dtype="bf16", max_configs=8)
         assert 1 <= len(cfgs) <= 8
         for c in cfgs:
-            assert Sm90Gemm.config_error(**c) is None
-            Sm90Gemm(**{key: value for key, value in c.items() if key != "swap_ab"})
-    assert pick_configs(64, 8192, 8192)[0]["tile_m"] == 64
+            assert config_error(**_fields(c)) is None
+            Sm90Gemm(c)
+    assert pick_configs(64, 8192, 8192)[0].tile_m == 64
     big = pick_configs(8192, 8192, 8192)[0]
-    assert big["tile_m"] * big["tile_n"] >= 128 * 256
+    assert big.tile_m * big.tile_n >= 128 * 256
     assert len(pick_configs(4096, 4096, 4096, max_configs=3)) == 3
-    assert all(c.get("store", "tma") == "tma" for c in pick_configs(512, 512, 512))
-    assert all(c["store"] == "direct" for c in pick_configs(129, 257, 65))
-    assert all(c["store"] == "direct" for c in pick_configs(129, 258, 65, out_dtype="fp32"))
-    assert all(c.get("store", "tma") == "tma"
+    assert all(c.store == "tma" for c in pick_configs(512, 512, 512))
+    assert all(c.store == "direct" for c in pick_configs(129, 257, 65))
+    assert all(c.store == "direct" for c in pick_configs(129, 258, 65, out_dtype="fp32"))
+    assert all(c.store == "tma"
                for c in pick_configs(129, 260, 65, out_dtype="fp32"))
 
 
@@ -276,14 +291,14 @@ def test_split_k_fp32_output_compiles():
 
 
 def test_split_k_config_errors():
-    assert Sm90Gemm.config_error(split_k=3) is not None
-    assert Sm90Gemm.config_error(split_k=16) is not None
-    assert "more than 8" in Sm90Gemm.config_error(split_k=8, cluster_m=2)
-    assert "more than 8" in Sm90Gemm.config_error(split_k=4, cluster_m=2, cluster_n=2)
-    assert Sm90Gemm.config_error(split_k=4, cluster_m=2) is None
+    assert config_error(split_k=3) is not None
+    assert config_error(split_k=16) is not None
+    assert "more than 8" in config_error(split_k=8, cluster_m=2)
+    assert "more than 8" in config_error(split_k=4, cluster_m=2, cluster_n=2)
+    assert config_error(split_k=4, cluster_m=2) is None
     # The fp32 reduction buffer of a 128x256 tile leaves no room for two stages.
-    assert "reduction buffer" in Sm90Gemm.config_error(tile_m=128, tile_n=256, split_k=2)
-    assert Sm90Gemm.config_error(tile_m=128, tile_n=128, split_k=4) is None
+    assert "reduction buffer" in config_error(tile_m=128, tile_n=256, split_k=2)
+    assert config_error(tile_m=128, tile_n=128, split_k=4) is None
     with pytest.raises(ValueError):
         Sm90Gemm(split_k=8, cluster_n=2)
     # The persistent grid counts whole clusters: cluster_m * cluster_n * split_k CTAs each.
@@ -327,8 +342,8 @@ def test_split_k_cluster_layout(cluster_m, cluster_n, split_k):
 
 def test_split_k_config_name():
     cfg = dict(tile_m=64, tile_n=128, tile_k=64, cooperative=False, raster="n")
-    assert config_name(dict(cfg, split_k=1)) == config_name(cfg) == "t64x128x64_c1x1_1wg_rn"
-    assert config_name(dict(cfg, split_k=4, store="direct")) == "t64x128x64_c1x1_1wg_rn_k4_direct"
+    assert config_name(_with(cfg, split_k=1)) == config_name(cfg) == "t64x128x64_c1x1_1wg_rn"
+    assert config_name(_with(cfg, split_k=4, store="direct")) == "t64x128x64_c1x1_1wg_rn_k4_direct"
 
 
 def test_pick_configs_offers_the_measured_decode_winners():
@@ -379,8 +394,8 @@ def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
     for m in (256, 1024):
         assert "t128x224x64_c2x1_coop_rm" in [config_name(c)
                                               for c in pick_configs(m, 14336, 4096)], m
-    assert Sm90Gemm.config_error(tile_n=224, tile_m=128) is None
-    assert "not in" in Sm90Gemm.config_error(tile_n=160, tile_m=128)
+    assert config_error(tile_n=224, tile_m=128) is None
+    assert "not in" in config_error(tile_n=160, tile_m=128)
 
 
 def test_pick_configs_offers_256x192_tiles_first_at_large_m_and_wide_n():
@@ -392,33 +407,33 @@ def test_pick_configs_offers_256x192_tiles_first_at_large_m_and_wide_n():
         assert config_name(pick_configs(*shape)[0]) == "t256x192x64_c1x2_coop_rn", shape
     for shape in [(4096, 4096, 4096), (8192, 4096, 4096), (8192, 4096, 14336)]:
         assert not config_name(pick_configs(*shape)[0]).startswith("t256x192"), shape
-    assert Sm90Gemm.config_error(tile_m=256, tile_n=192) is None
-    assert "192 accumulator" in Sm90Gemm.config_error(tile_m=256, tile_n=224)
+    assert config_error(tile_m=256, tile_n=192) is None
+    assert "192 accumulator" in config_error(tile_m=256, tile_n=224)
 
 
 def test_pick_configs_splits_k_only_when_tiles_are_few():
     for m in (1, 16, 64, 128, 256):
         for n, k in ((4096, 4096), (4096, 14336)):
             best = pick_configs(m, n, k)[0]
-            assert best.get("split_k", 1) > 1, (m, n, k, best)
+            assert best.split_k > 1, (m, n, k, best)
     for shape in [(4096, 4096, 4096), (8192, 14336, 4096), (256, 14336, 4096),
                   (1, 1, 1), (64, 4096, 64)]:
-        assert all(c.get("split_k", 1) == 1 for c in pick_configs(*shape)), shape
+        assert all(c.split_k == 1 for c in pick_configs(*shape)), shape
     for c in pick_configs(100, 201, 4096):  # odd N: split-K with the direct store
-        assert Sm90Gemm.config_error(**c) is None
-        assert c["store"] == "direct"
-    assert any(c.get("split_k", 1) > 1 for c in pick_configs(100, 201, 4096))
+        assert config_error(**_fields(c)) is None
+        assert c.store == "direct"
+    assert any(c.split_k > 1 for c in pick_configs(100, 201, 4096))
 
 
 def test_pick_configs_offers_pingpong_for_large_problems():
     for shape in [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096),
                   (1024, 14336, 4096)]:
         cfgs = pick_configs(*shape, max_configs=8)
-        assert 2 <= sum(bool(c.get("pingpong")) for c in cfgs) <= 4, shape
-        assert any(c.get("cooperative", True) for c in cfgs), shape
+        assert 2 <= sum(bool(c.pingpong) for c in cfgs) <= 4, shape
+        assert any(c.cooperative for c in cfgs), shape
     # One tile per CTA: a ping-pong CTA would leave a warpgroup idle.
-    assert not pick_configs(512, 512, 512)[0].get("pingpong")
-    assert not pick_configs(128, 8192, 8192)[0].get("pingpong")
+    assert not pick_configs(512, 512, 512)[0].pingpong
+    assert not pick_configs(128, 8192, 8192)[0].pingpong
 
 
 @pytest.mark.parametrize("name,store", [("coop_128x256_c2x1", "tma"), ("1wg_128x64", "direct"),
@@ -446,7 +461,8 @@ def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.tensor_utils import LayoutEnum
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import _CUTLASS_DTYPES
+    from cutedsl_inductor.template.defines import cutlass_dtype
+    from cutedsl_inductor.templates.gemm.config import gemm_dtype
 
     gemm = Sm90Gemm(**cfg)
     row = LayoutEnum.ROW_MAJOR
@@ -454,7 +470,7 @@ def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
 
     @cute.jit
     def trace():
-        gemm._setup(cutlass.BFloat16, cutlass.BFloat16, _CUTLASS_DTYPES[c_dtype], row, row, row)
+        gemm._setup(cutlass.BFloat16, cutlass.BFloat16, cutlass_dtype(gemm_dtype(c_dtype)), row, row, row)
         tm, tn = gemm.tile_m, gemm.tile_n
         epi_m, epi_n = gemm.epi_tile
         subs_n = tn // epi_n
@@ -503,14 +519,14 @@ SWAP_AB_CASES = [  # (config, A major, B major, bias dtype)
 @pytest.mark.parametrize("cfg,a_major,b_major,bias", SWAP_AB_CASES,
                          ids=[config_name(c[0]) + f"_A{c[1]}_B{c[2]}" for c in SWAP_AB_CASES])
 def test_small_tiles_compile_with_a_column_major_output(cfg, a_major, b_major, bias):
-    cfg = dict(cfg, store="direct")
+    cfg = _with(cfg, store="direct")
     assert callable(compile_sm90_gemm(cfg, "bf16", "bf16", a_major, b_major, bias_dtype=bias,
                                       c_major="m"))
 
 
 def test_small_tile_n_needs_the_direct_store_and_sets_the_epilogue_unit():
-    assert "store='direct'" in Sm90Gemm.config_error(tile_m=64, tile_n=16, cooperative=False)
-    assert Sm90Gemm.config_error(tile_m=64, tile_n=16, cooperative=False, store="direct") is None
+    assert "store='direct'" in config_error(tile_m=64, tile_n=16, cooperative=False)
+    assert config_error(tile_m=64, tile_n=16, cooperative=False, store="direct") is None
     assert Sm90Gemm(tile_m=64, tile_n=16, cooperative=False, store="direct").epi_unit == 8
     assert Sm90Gemm(tile_m=128, tile_n=16, cooperative=True, store="direct").epi_unit == 8
     assert Sm90Gemm(tile_m=128, tile_n=32, cooperative=False, store="direct").epi_unit == 16
@@ -519,12 +535,12 @@ def test_small_tile_n_needs_the_direct_store_and_sets_the_epilogue_unit():
 
 def test_pick_configs_offers_swap_ab_only_for_small_m():
     for m, tile_n in ((1, 16), (16, 16), (17, 32), (32, 32)):
-        swapped = [c for c in pick_configs(m, 14336, 4096, max_configs=100) if c.get("swap_ab")]
+        swapped = [c for c in pick_configs(m, 14336, 4096, max_configs=100) if c.swap_ab]
         assert swapped, m
-        assert all(c["tile_n"] == tile_n and c["store"] == "direct" for c in swapped), m
-        assert all(Sm90Gemm.config_error(**c) is None for c in swapped)
+        assert all(c.tile_n == tile_n and c.store == "direct" for c in swapped), m
+        assert all(config_error(**_fields(c)) is None for c in swapped)
     for m in (33, 64, 128, 4096):
-        assert not any(c.get("swap_ab") for c in pick_configs(m, 14336, 4096, max_configs=100))
+        assert not any(c.swap_ab for c in pick_configs(m, 14336, 4096, max_configs=100))
 
 
 def test_swap_ab_config_name():
@@ -548,7 +564,7 @@ class SwigluGemm(Sm90Gemm):
 def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k", kernel=None):
     """The two-weight kernel of ``cfg`` (or ``kernel``) compiled on fake tensors."""
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     store = cfg.get("store", "tma")
     c_major = "m" if cfg["swiglu"] == "a" else "n"  # swap-AB writes C^T
@@ -603,42 +619,42 @@ def test_swiglu_weight_tiles_join_into_one_wgmma_where_their_smem_layouts_do(cfg
 
 
 def test_swiglu_config_errors_and_configs():
-    assert "split_k" in Sm90Gemm.config_error(tile_m=64, tile_n=64, cooperative=False,
+    assert "split_k" in config_error(tile_m=64, tile_n=64, cooperative=False,
                                               split_k=2, swiglu="b")
-    assert "two accumulators" in Sm90Gemm.config_error(tile_m=128, tile_n=256, swiglu="b")
-    assert "must be" in Sm90Gemm.config_error(swiglu="c")
-    assert Sm90Gemm.config_error(tile_m=128, tile_n=128, swiglu="b") is None
-    from cutedsl_inductor.templates.gemm.sm90_gemm import swiglu_configs
+    assert "two accumulators" in config_error(tile_m=128, tile_n=256, swiglu="b")
+    assert "must be" in config_error(swiglu="c")
+    assert config_error(tile_m=128, tile_n=128, swiglu="b") is None
+    from cutedsl_inductor.templates.gemm.heuristic import swiglu_configs
 
     for m, n in ((128, 14336), (8192, 4096)):
         configs = swiglu_configs(m, n, 4096)
         assert 1 <= len(configs) <= 8
-        assert all(c["swiglu"] == "b" and Sm90Gemm.config_error(**c) is None
+        assert all(c.swiglu == "b" and config_error(**_fields(c)) is None
                    for c in configs)
         assert all(config_name(c).endswith("_swiglu") for c in configs)
     # a large problem's best guess is the 128x256 cooperative tile's work: 128x128 per weight
-    assert (configs[0]["tile_m"], configs[0]["tile_n"]) == (128, 128)
+    assert (configs[0].tile_m, configs[0].tile_n) == (128, 128)
     # at the LM head that of the 256x192 one: two accumulators of 96 columns
     assert config_name(swiglu_configs(8192, 128256, 4096)[0]) == "t256x96x64_c1x2_coop_rn_swiglu"
 
 
 def test_swiglu_configs_swap_ab_first_for_small_m():
-    from cutedsl_inductor.templates.gemm.sm90_gemm import swiglu_configs
+    from cutedsl_inductor.templates.gemm.heuristic import swiglu_configs
 
     for m in (1, 16, 32):
         configs = swiglu_configs(m, 14336, 4096)
-        swapped = [c for c in configs if c.get("swap_ab")]
+        swapped = [c for c in configs if c.swap_ab]
         assert swapped and configs[:len(swapped)] == swapped
-        assert all(c["swiglu"] == "a" and c["store"] == "direct" for c in swapped)
-        assert all(Sm90Gemm.config_error(**c) is None for c in configs)
+        assert all(c.swiglu == "a" and c.store == "direct" for c in swapped)
+        assert all(config_error(**_fields(c)) is None for c in configs)
         # two 256-row weight tiles per stage leave room for 2 stages: not offered
-        assert not any(c["tile_m"] == 256 for c in swapped)
-    assert not any(c.get("swap_ab") for c in swiglu_configs(33, 14336, 4096))
+        assert not any(c.tile_m == 256 for c in swapped)
+    assert not any(c.swap_ab for c in swiglu_configs(33, 14336, 4096))
 
 
 def test_swiglu_needs_its_second_weight():
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     a, b, c, _ = make_fake_gemm_args()
     with pytest.raises(ValueError, match="second weight"):
@@ -664,7 +680,7 @@ def test_a_tile_input_needs_a_16_bit_c():
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import make_fake_gemm_args
+    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
 
     class Fp32Residual(Sm90Gemm):
         @cute.jit
@@ -676,3 +692,9 @@ def test_a_tile_input_needs_a_16_bit_c():
     with pytest.raises(ValueError, match="tile input needs"):
         cute.compile(Fp32Residual(**TILE_INPUT_CONFIGS["coop_128x256_c2x1"]), a, b, c,
                      residual, make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def _fields(cfg):
+    import dataclasses
+
+    return dataclasses.asdict(cfg) if isinstance(cfg, GemmConfig) else cfg

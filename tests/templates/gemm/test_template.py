@@ -77,7 +77,7 @@ def test_exhaustive_mode_offers_every_candidate(graph):
     """At M = 16 there are more candidates (split-K and swap-AB variants) than a fixed
     multiple of the default configs; exhaustive mode offers all of them."""
     from cutedsl_inductor import config
-    from cutedsl_inductor.templates.gemm.sm90_gemm import pick_configs
+    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
 
     a = make_input(graph, "a", (16, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
@@ -91,7 +91,7 @@ def test_exhaustive_mode_offers_every_candidate(graph):
 def test_raster_band_renders_only_where_not_the_default(graph):
     """A sweep's ``group_size`` reaches the kernel as GROUP_SIZE; the default's source (and
     so its cache key) has no trace of it."""
-    from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS, config_name
+    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS
 
     a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
@@ -99,10 +99,10 @@ def test_raster_band_renders_only_where_not_the_default(graph):
     cfg = DEFAULT_CONFIGS[0]
     default, banded = [], []
     gemm_choices(default, "mm", [a, b], layout, configs=[cfg])
-    gemm_choices(banded, "mm", [a, b], layout, configs=[dict(cfg, group_size=4)])
+    gemm_choices(banded, "mm", [a, b], layout, configs=[cfg.replace(group_size=4)])
     assert "group_size" not in default[0].source and "GROUP_SIZE" not in default[0].params
     assert "group_size=GROUP_SIZE" in banded[0].source and banded[0].params["GROUP_SIZE"] == 4
-    assert config_name(dict(cfg, group_size=4)) == config_name(cfg) + "_g4"
+    assert cfg.replace(group_size=4).name == cfg.name + "_g4"
     assert isinstance(banded[0].load().kernel_fn, tvm_ffi.Function)
 
 
@@ -143,7 +143,7 @@ def test_swap_ab_choice_renders_and_compiles(graph, op):
 def _mm_ptx(graph, tmp_path, alpha: float = 1.0) -> str:
     """The PTX of a 512x384x256 bf16 mm choice (a 128x128 cooperative tile) compiled here."""
     from cutedsl_inductor import config
-    from cutedsl_inductor.templates.gemm.sm90_gemm import DEFAULT_CONFIGS
+    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS
 
     a = make_input(graph, "a", (512, 256), torch.bfloat16)
     b = make_input(graph, "b", (256, 384), torch.bfloat16, stride=(1, 256))
