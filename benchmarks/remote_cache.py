@@ -9,8 +9,11 @@ wall time to its result and where its CuTe kernels came from. GPU-less by defaul
         [-- precompile --arch sm_90a --gemm-shapes suite]
 
 The command after ``--`` is ``python -m cutedsl_inductor <args>`` (default: the precompile
-above); on a GPU, ``-- bench model ...`` times a model's first call the same way. Our
-keys (``pt2:cutedsl-inductor::*``) in that Redis are deleted first, nothing else.
+above). Our keys (``pt2:cutedsl-inductor::*``) in that Redis are deleted first, nothing
+else. (``bench model`` makes fresh caches for each of its processes itself: run it twice
+with ``CUTEDSL_INDUCTOR_REMOTE_CACHE=1`` against one empty Redis instead; the first run's
+cold column is cold, its warm column local-warm, the second run's cold column
+remote-warm.)
 """
 
 from __future__ import annotations
