@@ -68,18 +68,19 @@ def recording_timings() -> Iterator[TimingsRecord]:
 def fastest_in_rounds(calls: dict[str, Callable[[], Any]],
                       sizes: Hashable) -> tuple[str, dict[str, float]]:
     """The name of the fastest of ``calls`` (each named by the binary it runs) by median
-    round, and each one's median (ms); the medians are empty where an earlier retiming in
-    this process, of the same binaries at the same ``sizes``, decided (``_WINNERS``)."""
+    round, and each one's median (ms); the medians are empty where an earlier retiming of
+    the same binaries at the same ``sizes`` decided (in this process: ``_WINNERS``; in
+    another: a stored decision)."""
     key = (tuple(sorted(calls)), sizes)
     if key not in _WINNERS:
-        stored = decisions.lookup(winner_key(key))
-        if isinstance(stored, dict) and stored.get("winner") in calls:
-            _WINNERS[key] = stored["winner"]
-    if key in _WINNERS:
-        return _WINNERS[key], {}
-    _WINNERS[key], medians = fastest_by_median(calls, RETIME_ROUNDS)
-    decisions.save(winner_key(key), {"winner": _WINNERS[key]})
-    return _WINNERS[key], medians
+        stored_as = winner_key(key)
+        stored = decisions.lookup(stored_as)
+        if not (isinstance(stored, dict) and stored.get("winner") in calls):
+            _WINNERS[key], medians = fastest_by_median(calls, RETIME_ROUNDS)
+            decisions.save(stored_as, {"winner": _WINNERS[key]})
+            return _WINNERS[key], medians
+        _WINNERS[key] = stored["winner"]
+    return _WINNERS[key], {}
 
 
 def winner_key(key: tuple) -> str:
