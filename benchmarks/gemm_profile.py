@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.gemm_sweep import parse_variant, sweep_choices  # noqa: E402
+from cutedsl_inductor.bench.sweep import parse_variant, sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
 

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.gemm_sweep import sweep_choices  # noqa: E402
+from cutedsl_inductor.bench.sweep import sweep_choices  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.bench.gemm import checked_run, operands, parse_rounds  # noqa: E402
 from cutedsl_inductor.bench.timing import interleaved_ms  # noqa: E402

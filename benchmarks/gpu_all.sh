@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
 #                                             bench_epilogue splitk pingpong bench_gemm_shards
 #                                             bench_epilogue_shards
-#                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
+#                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             harness_probe (ours and cuBLAS under four timing harnesses)
 #                                             compile_workers (host CPUs only, no GPU)
@@ -46,14 +46,14 @@ for s in $steps; do
       [ -d .device/precompiled ] && step precompiled python3 benchmarks/check_precompiled.py ;;
     pytest) step pytest python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ;;
     demo) step demo python3 -m cutedsl_inductor demo ;;
-    launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
+    launch) step launch python3 -m cutedsl_inductor bench launch --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
     bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue \
         ${EPILOGUE_ARGS:---quick} --out "$OUT" ;;
     splitk) step splitk python3 benchmarks/gemm_splitk_check.py ;;
     pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
-    sweep) step sweep python3 benchmarks/gemm_sweep.py \
+    sweep) step sweep python3 -m cutedsl_inductor bench sweep \
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
     epilogue_cost) step epilogue_cost python3 benchmarks/epilogue_cost.py ;;
     harness_probe) step harness_probe python3 benchmarks/gemm_harness_probe.py \
