@@ -151,15 +151,6 @@ def test_pingpong_fp16_compiles():
     compile_sm90_gemm(PINGPONG_CONFIGS[0], "fp16", "fp16", "k", "n")
 
 
-@pytest.mark.parametrize("store", ["tma", "direct"])
-def test_pingpong_epilogue_hook_override_compiles(store):
-    """A fused `gelu(acc) + bias[n]` subclass (the ping-pong benchmark's) on a ping-pong
-    config."""
-    from benchmarks.gemm_pingpong_check import compile_fused
-
-    assert callable(compile_fused(_with(PINGPONG_CONFIGS[0], store=store)))
-
-
 def test_pingpong_config_names():
     pp = dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=False, pingpong=True)
     assert config_name(pp) == "t128x128x64_c2x1_pp_rm"
@@ -437,10 +428,12 @@ def test_pick_configs_offers_pingpong_for_large_problems():
 
 
 @pytest.mark.parametrize("name,store", [("coop_128x256_c2x1", "tma"), ("1wg_128x64", "direct"),
-                                        ("pp_64x256", "tma"), ("splitk2_64x128", "direct")])
+                                        ("pp_64x256", "tma"), ("pp_128x128_c2x1", "direct"),
+                                        ("splitk2_64x128", "direct")])
 def test_coordinate_epilogue_compiles(name, store):
     """The GPU coordinate test's fused epilogue (per-sub-tile hook with coordinates, rows
-    and columns, the default bias path underneath) traces and compiles."""
+    and columns, the default bias path underneath) traces and compiles: a subclass's
+    ``epilogue_op`` with extra epilogue arguments, on each kind of kernel."""
     from tests.gpu.test_gemm import COORDINATE_CONFIGS, compile_coordinate_gemm
 
     cfg = dict(COORDINATE_CONFIGS[name], store=store)
