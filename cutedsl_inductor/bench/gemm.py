@@ -32,6 +32,7 @@ import torch
 
 from ..compile.compiler import toolchain_versions
 from .args import one_of, output_folder, parse_layouts, parse_rounds, parse_shapes, parse_shard
+from .gemm_plot import geomean, write_plot
 from .timing import fastest_by_median, interleaved_ms, tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -211,9 +212,8 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
 
 def summarize(rows: list[dict[str, Any]]) -> str:
     ratios = [r["vs_cublas"] for r in rows if r["vs_cublas"] > 0]
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     worst = min(rows, key=lambda r: r["vs_cublas"])
-    lines = [f"geomean vs cuBLAS {geomean:.3f} over {len(rows)} shapes; worst "
+    lines = [f"geomean vs cuBLAS {geomean(ratios):.3f} over {len(rows)} shapes; worst "
              f"{worst['vs_cublas']:.2f} at {worst['m']}x{worst['n']}x{worst['k']} "
              f"{worst['dtype']} {worst['layout']}"]
     with_triton = [r for r in rows if not math.isnan(r["vs_triton"])]
@@ -233,27 +233,6 @@ def write_csv(rows: list[dict[str, Any]], out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-
-
-def write_plot(rows: list[dict[str, Any]], out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
-        return
-    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {r['layout']}" for r in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.6), 5))
-    for key, width in (("ours", -0.27), ("cublas", 0.0), ("triton", 0.27)):
-        ax.bar([x + width for x in xs], [r[key] for r in rows], width=0.27, label=key)
-    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("TFLOP/s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "gemm_bench.png", dpi=120)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -283,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
             print_row(row)
         print(summarize(rows))
         write_csv(rows, args.out)
-        write_plot(rows, args.out)
+        write_plot(rows, args.out / "gemm_bench.png")
         return 0
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
@@ -295,5 +274,5 @@ def main(args: argparse.Namespace) -> int:
         rows = run_suite(shapes, args.dtypes, args.layouts, with_triton=not args.no_triton,
                          table=table, rounds=args.rounds)
     print(summarize(rows))
-    write_plot(rows, args.out)
+    write_plot(rows, args.out / "gemm_bench.png")
     return 0
