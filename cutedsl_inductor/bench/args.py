@@ -40,14 +40,16 @@ parse_rounds = positive("number of rounds")
 parse_count = positive("integer")
 
 
-def one_of(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
-    """An argument type: a comma-separated list of ``choices``."""
+def one_of(choices: Sequence[str], what: str, all_of: bool = False
+           ) -> Callable[[str], list[str]]:
+    """An argument type: a comma-separated list of ``choices`` (``all_of``: or "all")."""
     def parse(text: str) -> list[str]:
-        values = text.split(",")
+        values = list(choices) if all_of and text == "all" else text.split(",")
         unknown = [value for value in values if value not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(
-                f"{', '.join(map(repr, unknown))}: not a {what} (one of {', '.join(choices)})")
+                f"{', '.join(map(repr, unknown))}: not a {what} (one of {', '.join(choices)}"
+                + (", or all)" if all_of else ")"))
         return values
     return parse
 

@@ -123,7 +123,8 @@ def upstream_rows(x, y) -> list[tuple[str, float, float]]:
         ):
             fn = torch.compile(lambda p, q: p + q)
             fn(x, y)
-        return [("compiled graph, upstream in-tree CuteDSL", *per_call_us(lambda: fn(x, y), calls=20, rounds=3))]
+        return [("compiled graph, upstream in-tree CuteDSL",
+                 *per_call_us(lambda: fn(x, y), calls=20, rounds=3))]
     finally:
         device_codegens.update(saved)
 
@@ -196,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     rows = steady_state_rows()
     startup = {} if args.steady_only else startup_rows()
-    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} {'sync us/call':>12s}")
+    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} "
+          f"{'sync us/call':>12s}")
     for name, host, wall in rows:
         print(f"{name:44s} {host:12.1f} {wall:12.1f}")
     triton = next(r for r in rows if "Triton" in r[0])
@@ -210,9 +212,9 @@ def main(args: argparse.Namespace) -> int:
     print("\nthree-choice autotuned example (max-autotune), new process each:")
     for phase in ("cold", "warm"):
         r = startup[phase]
-        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process {r['process_s']:.2f} s,"
-              f" of which import cutlass {r['import_cutlass_s']:.2f} s), CuTe compilations "
-              f"{r['compiled']}, kernels loaded from disk {r['disk_hits']}")
+        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process "
+              f"{r['process_s']:.2f} s, of which import cutlass {r['import_cutlass_s']:.2f} s), "
+              f"CuTe compilations {r['compiled']}, kernels loaded from disk {r['disk_hits']}")
     load = startup["load"]
     rest = sorted(load["load_ms"][1:])
     print(f"loading {len(load['load_ms'])} cached kernels in a new process: compilations "

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import output_folder, parse_count
+from .args import one_of, output_folder, parse_count
 
 FAMILIES = ("llama", "gpt2")
 WORKLOADS = {"prefill": (4, 2048), "decode": (64, 1), "decode-graphs": (64, 1),
@@ -371,17 +371,6 @@ def _parse_tokens(text: str) -> tuple[int, int]:
     return int(batch), int(seq)
 
 
-def _choices(allowed: tuple[str, ...]) -> Any:
-    def parse(text: str) -> list[str]:
-        values = text.split(",") if text != "all" else list(allowed)
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError(
-                f"{', '.join(map(repr, bad))}: choose from {', '.join(allowed)} or all")
-        return values
-    return parse
-
-
 def _fusions(text: str) -> list[bool | None]:
     values = {"on": True, "off": False, "default": None}
     parts = text.split(",")
@@ -391,9 +380,12 @@ def _fusions(text: str) -> list[bool | None]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--families", type=_choices(FAMILIES), default=list(FAMILIES))
-    p.add_argument("--workloads", type=_choices(tuple(WORKLOADS)), default=list(WORKLOADS))
-    p.add_argument("--variants", type=_choices(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--families", type=one_of(FAMILIES, "family", all_of=True),
+                   default=list(FAMILIES))
+    p.add_argument("--workloads", type=one_of(tuple(WORKLOADS), "workload", all_of=True),
+                   default=list(WORKLOADS))
+    p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
+                   default=list(VARIANTS))
     p.add_argument("--fusion", type=_fusions, default=[None],
                    help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
     p.add_argument("--layers", type=parse_count, default=2)
