@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Time to precompile one GEMM's choices as Inductor does (its thread pool calling
 ``precompile`` on each), compiling in this process against compiling in worker
 processes (``config.compile_workers``). GPU-less: runs anywhere, compiles for sm_90a.
 
-    python benchmarks/compile_workers.py [--shapes MxNxK,...] [--workers 2,8]
+    python -m benchmarks.compile_workers [--shapes MxNxK,...] [--workers 2,8]
 
 Each run uses a fresh kernel cache and compiles the shapes one after another, as one
 model's compile would; the worker runs include starting the pool.
@@ -18,17 +17,15 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+# GPU-less: CuTe DSL reads the arch when it is imported, so before anything imports it
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 from torch._inductor import ir  # noqa: E402
 
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.autotune.scratch import scratch_graph  # noqa: E402
-from cutedsl_inductor.bench.gemm import parse_shapes  # noqa: E402
+from cutedsl_inductor.bench.args import parse_shapes  # noqa: E402
 from cutedsl_inductor.compile import compiler, workers  # noqa: E402
 from cutedsl_inductor.templates.gemm.template import gemm_choices  # noqa: E402
 
@@ -61,7 +58,8 @@ def precompile_seconds(shapes: list[tuple[int, int, int]], workers_count: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_workers",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes,
                         default=[(4096, 4096, 4096), (128, 4096, 4096)])
     parser.add_argument("--workers", default="2")

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """What a fused epilogue costs each kind of GEMM kernel, at one shape (H200).
 
-    python benchmarks/epilogue_cost.py [--shape 8192x4096x4096] [--rounds 2]
-    python benchmarks/epilogue_cost.py --lower DIR [--shape ...]     # no GPU needed
-    python benchmarks/epilogue_cost.py --from DIR [--rounds 2]       # on the GPU
+    python -m benchmarks.epilogue_cost [--shape 8192x4096x4096] [--rounds 2]
+    python -m benchmarks.epilogue_cost --lower DIR [--shape ...]     # no GPU needed
+    python -m benchmarks.epilogue_cost --from DIR [--rounds 2]       # on the GPU
 
 For each of a few pinned configs (cooperative, ping-pong; the heuristic's ranking is
 replaced by that one config) and each block (a GEMM and its pointwise consumer),
@@ -14,7 +13,7 @@ math (gelu), of extra loads (bias, residual) and of their mix can be told apart 
 kind. Each round measures everything again (run-to-run noise shows as their spread).
 
 ``--lower`` moves all compilation off the GPU machine: each config x block is lowered by
-Inductor on a virtual sm_90 (``tests/helpers.py``), its kernels are compiled into the
+Inductor on a virtual sm_90 (``cutedsl_inductor.bench.lowering``), its kernels are compiled into the
 kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``) and its output code is written to
 DIR/output_code.json.  ``--from DIR`` then runs that output code on the GPU (same cache
 directory; the torch version that lowered it must be the GPU machine's), checks each
@@ -34,17 +33,16 @@ import os
 import sys
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+import torch
+import torch.nn.functional as F
+from torch._inductor.codecache import PyCodeCache
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import parse_shapes  # noqa: E402
-from cutedsl_inductor.bench.timing import clock_and_power, median_ms  # noqa: E402
-from cutedsl_inductor.templates.gemm import template  # noqa: E402
+from cutedsl_inductor import config
+from cutedsl_inductor.bench.args import parse_rounds, parse_shapes
+from cutedsl_inductor.bench.lowering import kernel_definitions, load_kernels, lowered, virtual_sm90
+from cutedsl_inductor.bench.timing import clock_and_power, median_ms
+from cutedsl_inductor.templates.gemm import template
+from cutedsl_inductor.templates.gemm.config import GemmConfig
 
 BLOCKS = {
     "mm": lambda x, w, b, r: x @ w.t(),
@@ -56,14 +54,14 @@ BLOCKS = {
     "relu(+b)*.5+r": lambda x, w, b, r: torch.relu(x @ w.t() + b) * 0.5 + r,
 }
 CONFIGS = {
-    "128x256 c2x1 coop": dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cluster_n=1,
-                              cooperative=True, raster="m"),
-    "256x128 c1x2 coop": dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2,
-                              cooperative=True, raster="n"),
-    "128x128 c2x1 pp": dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1,
-                            cooperative=False, pingpong=True, raster="m"),
-    "128x128 c1x2 pp": dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2,
-                            cooperative=False, pingpong=True, raster="n"),
+    "128x256 c2x1 coop": GemmConfig(tile_m=128, tile_n=256, tile_k=64, cluster_m=2,
+                                    cluster_n=1, cooperative=True, raster="m"),
+    "256x128 c1x2 coop": GemmConfig(tile_m=256, tile_n=128, tile_k=64, cluster_m=1,
+                                    cluster_n=2, cooperative=True, raster="n"),
+    "128x128 c2x1 pp": GemmConfig(tile_m=128, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1,
+                                  cooperative=False, pingpong=True, raster="m"),
+    "128x128 c1x2 pp": GemmConfig(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2,
+                                  cooperative=False, pingpong=True, raster="n"),
 }
 
 
@@ -81,18 +79,13 @@ def time_block(fn: Any, args: tuple, variant: str) -> float:
 
 def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
     """Lower every config x block on a virtual sm_90, compile its kernels, save the code."""
-    from _pytest.monkeypatch import MonkeyPatch
-
-    from tests.helpers import kernel_definitions, load_kernels, lowered, use_virtual_sm90
-
-    use_virtual_sm90(MonkeyPatch())
     m, n, k = shape
     codes: dict[str, dict[str, str]] = {}
     for label, cfg in CONFIGS.items():
-        template.pick_configs = lambda *_, cfg=cfg, **__: [dict(cfg)]
+        template.pick_configs = lambda *_, cfg=cfg, **__: [cfg]
         for name, fn in BLOCKS.items():
-            with torch._inductor.config.patch(max_autotune=True,
-                                              max_autotune_gemm_backends="CUTEDSL"), \
+            with virtual_sm90(), torch._inductor.config.patch(
+                    max_autotune=True, max_autotune_gemm_backends="CUTEDSL"), \
                     config.patch(epilogue_fusion=True, gemm_max_configs=1), \
                     lowered(fn, (m, k), (n, k), (n,), (m, n)) as graph:
                 code = graph.codegen()[0].value
@@ -107,8 +100,6 @@ def lower_blocks(shape: tuple[int, int, int], out_dir: str) -> None:
 def time_lowered(codes: dict[str, str], tensors: tuple, clocks: bool = False) -> list[float]:
     """ms of each block's saved output code, its result checked against eager; with
     ``clocks``, also prints the SM clock and board power while each block runs."""
-    from torch._inductor.codecache import PyCodeCache
-
     times = []
     for name, code in codes.items():
         module = PyCodeCache.load(code)
@@ -138,9 +129,11 @@ def report(rows: dict[str, list[list[float]]], shape: tuple[int, int, int]) -> N
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", type=parse_shapes, default=[(8192, 4096, 4096)])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.epilogue_cost",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", type=parse_shapes, default=[(8192, 4096, 4096)],
+                        metavar="MxNxK")
+    parser.add_argument("--rounds", type=parse_rounds, default=2)
     parser.add_argument("--lower", metavar="DIR", help="no GPU: lower and compile, save the "
                         "output code in DIR")
     parser.add_argument("--from", dest="lowered", metavar="DIR",
@@ -168,7 +161,7 @@ def main() -> int:
                 print(f"{label:20s} " + " ".join(f"{t:.4f}" for t in rows[label][-1]), flush=True)
             continue
         for label, cfg in [("Inductor default", None), *CONFIGS.items()]:
-            template.pick_configs = lambda *_, cfg=cfg, **__: [dict(cfg)]
+            template.pick_configs = lambda *_, cfg=cfg, **__: [cfg]
             times = [time_block(fn, tensors, "default" if cfg is None else "ours")
                      for fn in BLOCKS.values()]
             rows.setdefault(label, []).append(times)

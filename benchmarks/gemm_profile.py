@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Run cuBLAS and some of our GEMM configs at one shape, for a profiler (bf16).
 
     ncu -k regex:"nvjet|sm90_gemm" --launch-skip 3 --launch-count 3 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        python benchmarks/gemm_profile.py 8192x4096x4096 nn \\
+        python -m benchmarks.gemm_profile 8192x4096x4096 nn \\
             t128x256x64_c2x1_coop_rm t256x128x64_c1x2_coop_rn
 
 Each kernel runs twice, in the order cuBLAS, then the configs named (``config_name``, among
 the heuristic's first ``--ranked`` candidates at that shape or their ``--variant`` copies,
-as in ``gemm_sweep.py``), so that skipping the first round (``--launch-skip`` = 1 + number
+as in ``bench sweep``), so that skipping the first round (``--launch-skip`` = 1 + number
 of configs) profiles warm launches of each.  ncu locks the SM clock (``--clock-control
 base``, its default): its cycle counts compare the kernels' schedules without the power cap
 that moves clocks in timed runs.
@@ -17,26 +16,23 @@ that moves clocks in timed runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from benchmarks.gemm_sweep import parse_variant, sweep_choices  # noqa: E402
-from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import operands, parse_shapes  # noqa: E402
+from cutedsl_inductor import config
+from cutedsl_inductor.bench.args import parse_count, parse_shapes
+from cutedsl_inductor.bench.gemm import operands
+from cutedsl_inductor.bench.sweep import parse_variant, sweep_choices
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gemm_profile",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("shape", type=parse_shapes, metavar="MxNxK")
     parser.add_argument("layout", choices=("nt", "nn"))
     parser.add_argument("configs", nargs="+", metavar="CONFIG_NAME")
-    parser.add_argument("--ranked", type=int, default=8, metavar="N")
+    parser.add_argument("--ranked", type=parse_count, default=8, metavar="N")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                         metavar="KEY=VALUE,...")
     args = parser.parse_args(argv)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call (for the H200 device; see README):
 #   bash benchmarks/gpu_all.sh [step ...]     steps: precompiled pytest demo launch bench_gemm
-#                                             bench_epilogue splitk pingpong bench_gemm_shards
-#                                             bench_epilogue_shards
-#                                             sweep (SWEEP_ARGS: gemm_sweep.py's arguments)
+#                                             bench_epilogue (the default: these six)
+#                                             splitk, pingpong (those GPU tests alone)
+#                                             bench_gemm_shards bench_epilogue_shards
+#                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
-#                                             harness_probe (ours and cuBLAS under four timing harnesses)
 #                                             compile_workers (host CPUs only, no GPU)
-#                                             (default: the first eight)
+# precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
+# and .device/precompiled where that folder came along); pytest: every GPU test
+# (PYTEST_ARGS: other paths or options).
 # bench_gemm_shards (bench_epilogue_shards) runs shard SHARD_FIRST.. of SHARDS (env) of the
 # full suite, one per GPU in parallel, into $OUT/gemm_shard_K ($OUT/epilogue_shard_K); merge
 # the GEMM ones with `bench gemm --merge DIR ...`.
@@ -18,7 +20,11 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 # Kernels precompiled without a GPU (CUTEDSL_INDUCTOR_CACHE_DIR=.device/precompiled python -m
 # cutedsl_inductor precompile --arch sm_90a --gemm-shapes suite: 2 min, 7 MB) load, not compile.
-[ -d .device/precompiled ] && export CUTEDSL_INDUCTOR_CACHE_DIR=$PWD/.device/precompiled
+# tests/gpu/test_precompiled.py checks that this cache serves the GPU without compiling.
+if [ -d .device/precompiled ]; then
+  export CUTEDSL_INDUCTOR_CACHE_DIR=$PWD/.device/precompiled
+  export CUTEDSL_INDUCTOR_TEST_PRECOMPILED=$CUTEDSL_INDUCTOR_CACHE_DIR
+fi
 export PYTHONUNBUFFERED=1
 status=0
 shards() {  # shards BENCH: one shard of `bench BENCH` per GPU, in parallel
@@ -38,27 +44,25 @@ step() {
   "$@" > "$OUT/$name.log" 2>&1 || { status=1; echo "!!! $name failed"; }
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
-steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue splitk pingpong}
+steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue}
+gpu_tests() { python3 -m pytest -m gpu -q -p no:cacheprovider "$@"; }
 nvidia-smi -L
 for s in $steps; do
   case $s in
-    precompiled)
-      [ -d .device/precompiled ] && step precompiled python3 benchmarks/check_precompiled.py ;;
-    pytest) step pytest python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ;;
+    precompiled) step precompiled gpu_tests tests/gpu/test_precompiled.py ;;
+    pytest) step pytest gpu_tests ${PYTEST_ARGS:-tests} ;;
     demo) step demo python3 -m cutedsl_inductor demo ;;
-    launch) step launch python3 benchmarks/launch_overhead.py --out "$OUT" ;;
+    launch) step launch python3 -m cutedsl_inductor bench launch --out "$OUT" ;;
     bench_gemm) step bench_gemm python3 -m cutedsl_inductor bench gemm \
         ${BENCH_ARGS:---quick --dtypes bf16 --layouts nt} --out "$OUT" ;;
     bench_epilogue) step bench_epilogue python3 -m cutedsl_inductor bench epilogue \
         ${EPILOGUE_ARGS:---quick} --out "$OUT" ;;
-    splitk) step splitk python3 benchmarks/gemm_splitk_check.py ;;
-    pingpong) step pingpong python3 benchmarks/gemm_pingpong_check.py ;;
-    sweep) step sweep python3 benchmarks/gemm_sweep.py \
+    splitk) step splitk gpu_tests tests/gpu/test_gemm.py -k "split_k or small_m" ;;
+    pingpong) step pingpong gpu_tests tests/gpu/test_gemm.py -k pingpong ;;
+    sweep) step sweep python3 -m cutedsl_inductor bench sweep \
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
-    epilogue_cost) step epilogue_cost python3 benchmarks/epilogue_cost.py ;;
-    harness_probe) step harness_probe python3 benchmarks/gemm_harness_probe.py \
-        --shapes 64x4096x4096,128x4096x4096,1024x1024x1024,8192x4096x4096 ;;
-    compile_workers) step compile_workers python3 benchmarks/compile_workers.py --workers 2,8 ;;
+    epilogue_cost) step epilogue_cost python3 -m benchmarks.epilogue_cost ;;
+    compile_workers) step compile_workers python3 -m benchmarks.compile_workers --workers 2,8 ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     *) echo "unknown step $s"; status=1 ;;

@@ -1,4 +1,4 @@
-"""Command line: ``python -m cutedsl_inductor <command>``.
+"""Command line: ``cutedsl-inductor <command>`` (or ``python -m cutedsl_inductor``).
 
   demo                         the main job (see ``cutedsl_inductor.demo``)
   cache info | cache clear     what the kernel cache holds, and the remote tier / empty
@@ -7,10 +7,13 @@
                                compile the built-in templates' default choices into the
                                cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
                                shapes), the GEMM choices for those shapes
-  bench gemm [--quick] ...     our GEMM vs cuBLAS and Inductor's Triton (GPU)
-  bench epilogue [--quick]     fused GEMM blocks vs Inductor default / max-autotune (GPU)
-  bench model [--families ...] real models (transformers) under torch.compile, with and
-                               without our kernels (GPU)
+  bench gemm|epilogue|model|sweep|launch [...]
+                               the benchmarks (``cutedsl_inductor/bench``; GPU)
+
+One argparse parser with a sub-parser per command and per benchmark (each benchmark
+module adds its own options, ``add_arguments``, and runs from them, ``main``), so that
+every wrong argument ends in argparse's usage and one error line, exit status 2, before
+anything runs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,28 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from . import __version__
 from .autotune.precompile import BUILTIN_TEMPLATES
+from .bench import epilogue as bench_epilogue
+from .bench import gemm as bench_gemm
+from .bench import launch as bench_launch
+from .bench import model as bench_model
+from .bench import sweep as bench_sweep
+from .bench.args import parse_shapes
+from .compile.compiler import toolchain_versions
+
+BENCHES = {
+    "gemm": (bench_gemm, "our GEMM against cuBLAS and Inductor's best Triton template"),
+    "epilogue": (bench_epilogue, "GEMM blocks with fused epilogues against Inductor's "
+                                 "default and max-autotune"),
+    "model": (bench_model, "real models (transformers) under torch.compile, with and "
+                           "without our kernels"),
+    "sweep": (bench_sweep, "every GEMM config the heuristic ranks (and variants) against "
+                           "cuBLAS, per shape"),
+    "launch": (bench_launch, "launch overhead, cold and warm start of the add example"),
+}
 
 
 def _cache(args: argparse.Namespace) -> int:
@@ -107,9 +131,7 @@ def _templates(text: str) -> tuple[str, ...]:
 
 def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
     """``--gemm-shapes``: "suite" (``bench gemm``'s shapes) or ``MxNxK,...``."""
-    from .bench.gemm import LLM, SQUARES, parse_shapes
-
-    return SQUARES + LLM if text == "suite" else parse_shapes(text)
+    return bench_gemm.SQUARES + bench_gemm.LLM if text == "suite" else parse_shapes(text)
 
 
 def _precompile(args: argparse.Namespace) -> int:
@@ -126,22 +148,24 @@ def _demo(args: argparse.Namespace) -> int:
     return main()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["bench", "gemm"]:
-        from .bench.gemm import main as bench_gemm
+class _Version(argparse.Action):
+    """``--version``: this package's version and those of its toolchain."""
 
-        return bench_gemm(argv[2:])
-    if argv[:2] == ["bench", "epilogue"]:
-        from .bench.epilogue import main as bench_epilogue
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
 
-        return bench_epilogue(argv[2:])
-    if argv[:2] == ["bench", "model"]:
-        from .bench.model import main as bench_model
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        versions = toolchain_versions()
+        print(f"cutedsl-inductor {__version__} (torch {torch.__version__}, nvidia-cutlass-dsl "
+              f"{versions['nvidia-cutlass-dsl']}, apache-tvm-ffi {versions['apache-tvm-ffi']})")
+        parser.exit()
 
-        return bench_model(argv[2:])
-    parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor")
-    commands = parser.add_subparsers(dest="command", required=True)
+
+def parser(prog: str = "cutedsl-inductor") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="CuTe DSL templates as "
+                                     "autotuning choices inside torch.compile")
+    parser.add_argument("--version", action=_Version)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
     cache = commands.add_parser("cache", help="inspect or clear the kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
@@ -153,8 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--gemm-shapes", type=_gemm_shapes, metavar="MxNxK,...|suite",
                      help="the GEMM choices for these shapes (default: one 4096^3 problem)")
     pre.set_defaults(run=_precompile)
-    commands.add_parser("bench", help="bench gemm|epilogue|model: see cutedsl_inductor/bench")
-    args = parser.parse_args(argv)
+    bench = commands.add_parser("bench", help="the benchmarks (GPU)")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, (module, summary) in BENCHES.items():
+        sub = benches.add_parser(name, help=summary, description=summary)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "cutedsl-inductor") -> int:
+    args = parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     return args.run(args)
 
 

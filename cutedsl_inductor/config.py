@@ -4,41 +4,29 @@ A knob is read from its env var once, at import, and may be changed afterwards b
 assignment (``cutedsl_inductor.config.arch = "sm_90a"``) or temporarily with
 ``config.patch(name=value)``. Nothing else in the package reads the environment.
 
-Knob                     env var                                     default (accepted)
-cache_dir                CUTEDSL_INDUCTOR_CACHE_DIR                  <inductor cache dir>/cutedsl
-disk_cache               CUTEDSL_INDUCTOR_DISK_CACHE                 True (a boolean)
-arch                     CUTEDSL_INDUCTOR_ARCH (else CUTE_DSL_ARCH)  detected GPU, else "sm_90a"
-entry_suffix             CUTEDSL_INDUCTOR_ENTRY_SUFFIX               "main" (letters, digits, _)
-compile_options          CUTEDSL_INDUCTOR_COMPILE_OPTIONS            "" (see RESERVED_OPTIONS)
-gemm_max_configs         CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS           8 (1 to 1024)
-gemm_exhaustive          CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE            False (a boolean)
-epilogue_fusion          CUTEDSL_INDUCTOR_EPILOGUE_FUSION            False (opt-in; also SwiGLU)
-fused_choice_candidates  CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES    3 (0 to 64)
-compile_workers          CUTEDSL_INDUCTOR_COMPILE_WORKERS            CPUs / 2, <= 8; 0 below 4
-                                                                     CPUs (0 to the CPUs)
-autotune_settle_ms       CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS         300 (0 to 60000)
-remote_cache             CUTEDSL_INDUCTOR_REMOTE_CACHE               False (a boolean)
-remote_cache_timeout_ms  CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS    1000 (1 to 60000)
-remote_cache_secret_file CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE   None (a path)
-redis_url                TORCHINDUCTOR_REDIS_URL (Inductor's)        None (redis://, rediss://,
-                                                                     unix://)
-redis_host               TORCHINDUCTOR_REDIS_HOST (Inductor's)       "localhost"
-redis_port               TORCHINDUCTOR_REDIS_PORT (Inductor's)       6379 (1 to 65535)
+``KNOBS`` is the one list of them: each ``Knob`` says its variable, default, parser and
+what it does, and two things about the code it steers. ``changes_code``: generated code
+(output code, kernels) depends on it, so ``snapshot()`` -- part of Inductor's FX graph
+cache key -- holds it. ``locates_binary``: finding or building a kernel's binary depends
+on it, so a benchmark request carries it to Inductor's tuning process
+(``binary_knobs()``). The README's configuration table is ``docs_table()``.
+
+The Redis address is Inductor's own (its remote caches read the same variables), so one
+setting serves both.
 
 Environment values are parsed strictly: a boolean is one of 1/0/true/false/yes/no/on/off
 (any case), a count an integer in the knob's range, the arch ``sm_<digits>`` with an
-optional ``a`` or ``f``, a Redis URL one of the three schemes; empty means the default.
-The Redis address is Inductor's own (its remote caches read the same variables), so one
-setting serves both. Anything else raises ``ConfigError``,
+optional ``a`` or ``f``; empty means the default. Anything else raises ``ConfigError``,
 naming the variable and what it accepts, when the package is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .exc import ConfigError
@@ -50,47 +38,50 @@ _FALSE = ("0", "false", "no", "off")
 RESERVED_OPTIONS = ("gpu-arch", "enable-tvm-ffi", "host-target")
 
 
-def _raw(name: str) -> str | None:
-    raw = os.environ.get(name, "").strip()
-    return raw or None
+@dataclasses.dataclass(frozen=True)
+class Boolean:
+    accepted: str = f"a boolean: {'/'.join(_TRUE + _FALSE)} (any case)"
+    doc: str = "a boolean (1/0, true/false, yes/no, on/off)"
+
+    def __call__(self, raw: str, variable: str) -> bool:
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    raw = _raw(name)
-    if raw is None:
-        return default
-    if raw.lower() in _TRUE + _FALSE:
-        return raw.lower() in _TRUE
-    raise ConfigError(variable=name, value=raw,
-                      accepted=f"a boolean: {'/'.join(_TRUE + _FALSE)} (any case)")
+@dataclasses.dataclass(frozen=True)
+class Integer:
+    low: int
+    high: int
+    high_doc: str = ""  # the documented upper bound where it depends on the machine
+
+    @property
+    def accepted(self) -> str:
+        return f"an integer from {self.low} to {self.high}"
+
+    @property
+    def doc(self) -> str:
+        return f"an integer from {self.low} to {self.high_doc or self.high}"
+
+    def __call__(self, raw: str, variable: str) -> int:
+        if re.fullmatch(r"-?[0-9]+", raw) and self.low <= int(raw) <= self.high:
+            return int(raw)
+        raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
 
 
-def _env_int(name: str, default: int, low: int, high: int) -> int:
-    raw = _raw(name)
-    if raw is None:
-        return default
-    if re.fullmatch(r"-?[0-9]+", raw) and low <= int(raw) <= high:
-        return int(raw)
-    raise ConfigError(variable=name, value=raw, accepted=f"an integer from {low} to {high}")
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    regex: str
+    accepted: str
 
+    @property
+    def doc(self) -> str:
+        return self.accepted
 
-def _env_text(name: str, default: str | None, check: Any) -> str | None:
-    raw = _raw(name)
-    return default if raw is None else check(raw, name)
-
-
-def check_arch(value: str, variable: str) -> str:
-    """``sm_90a``-style arch names (CuTe DSL's own list is checked where it compiles)."""
-    if re.fullmatch(r"sm_[0-9]+[af]?", value):
-        return value
-    raise ConfigError(variable=variable, value=value,
-                      accepted="a GPU arch such as sm_90a or sm_100a")
-
-
-def check_entry_suffix(value: str, variable: str) -> str:
-    if re.fullmatch(r"[A-Za-z0-9_]+", value):
-        return value
-    raise ConfigError(variable=variable, value=value, accepted="letters, digits and _")
+    def __call__(self, raw: str, variable: str) -> str:
+        if re.fullmatch(self.regex, raw):
+            return raw
+        raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
 
 
 def check_compile_options(value: str, variable: str) -> str:
@@ -106,73 +97,128 @@ def check_compile_options(value: str, variable: str) -> str:
     return value
 
 
-def check_redis_url(value: str, variable: str) -> str:
-    if re.fullmatch(r"(rediss?|unix)://\S+", value):
-        return value
-    raise ConfigError(variable=variable, value=value,
-                      accepted="a Redis URL: redis://HOST:PORT, rediss://... or unix://PATH")
+@dataclasses.dataclass(frozen=True)
+class Text:
+    check: Callable[[str, str], str]
+    doc: str
+
+    def __call__(self, raw: str, variable: str) -> str:
+        return self.check(raw, variable)
 
 
-def _arch_from_env() -> str | None:
-    for name in ("CUTEDSL_INDUCTOR_ARCH", "CUTE_DSL_ARCH"):
-        raw = _raw(name)
-        if raw is not None:
-            return check_arch(raw, name)
-    return None
+Parser = Boolean | Integer | Pattern | Text
 
 
-# Directory of the compiled-kernel cache; None means "<inductor cache dir>/cutedsl".
-cache_dir: str | None = os.environ.get("CUTEDSL_INDUCTOR_CACHE_DIR") or None
-# Whether compiled kernels are exported to and reloaded from ``cache_dir``.
-disk_cache: bool = _env_bool("CUTEDSL_INDUCTOR_DISK_CACHE", True)
-# Target GPU architecture (e.g. "sm_90a"); None means: the current GPU, else sm_90a.
-arch: str | None = _arch_from_env()
-# The entry point that ``def_kernel`` defines is named ``<kernel_name>_<entry_suffix>``.
-entry_suffix: str = _env_text("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "main", check_entry_suffix)
-# Extra options handed to ``cute.compile`` (part of every cache key).
-compile_options: str = _env_text("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "", check_compile_options)
-# How many GEMM configs the heuristic offers per shape, and whether to offer all.
-gemm_max_configs: int = _env_int("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8, 1, 1024)
-gemm_exhaustive: bool = _env_bool("CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False)
-# Fuse pointwise consumers into templates that define an epilogue (``def_epilogue``), and
-# (with CUTEDSL a max-autotune GEMM backend) SwiGLU's two GEMMs into one
-# (``inductor/swiglu.py``).
-epilogue_fusion: bool = _env_bool("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False)
-# Under max-autotune, how many of our fastest choices for a GEMM with a pointwise consumer
-# are timed again with that epilogue fused, and for SwiGLU's fused GEMM again, in
-# interleaved rounds; the fastest is taken (< 2: no retiming).
-fused_choice_candidates: int = _env_int("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, 0, 64)
-# Processes that compile the choices Inductor precompiles (0: compile in this process,
-# one kernel at a time: CuTe's compiler is not re-entrant); at most one per CPU.
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    name: str
+    env: tuple[str, ...]  # read in order; the first one set gives the value
+    default: Any
+    parse: Parser  # (text, variable) -> value, ConfigError when refused; .doc: what it takes
+    doc: str
+    default_doc: str = ""  # for the docs, where the default depends on the machine
+    changes_code: bool = False
+    locates_binary: bool = False
+
+    def read(self) -> Any:
+        for variable in self.env:
+            raw = os.environ.get(variable, "").strip()
+            if raw:
+                return self.parse(raw, variable)
+        return self.default
+
+
+KNOBS: dict[str, Knob] = {}  # name -> Knob, in the order they are defined below
+
+
+def _knob(name: str, env: str | tuple[str, ...], default: Any, parse: Parser, doc: str,
+          **flags: Any) -> Any:
+    """Register a knob and return its value from the environment."""
+    knob = Knob(name, (env,) if isinstance(env, str) else env, default, parse, doc, **flags)
+    KNOBS[name] = knob
+    return knob.read()
+
+
+_ANY_TEXT = Text(lambda raw, variable: raw, "a folder")
 _CPUS = os.cpu_count() or 1
 _HALF_THE_CPUS = min(8, _CPUS // 2)
-compile_workers: int = _env_int("CUTEDSL_INDUCTOR_COMPILE_WORKERS",
-                                _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, 0, _CPUS)
 
-# Before the first timing of an autotuning that has our choices, run that choice this
-# many milliseconds untimed, so that no choice is timed at the clock an idle GPU boosts
-# to (``autotune/select.py``); 0: off.
-autotune_settle_ms: int = _env_int("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, 0, 60000)
-
-# The remote tier under the disk cache (``compile/remote_cache.py``): kernels and tuning
-# decisions fetched from and published to Redis, at Inductor's Redis address.
-remote_cache: bool = _env_bool("CUTEDSL_INDUCTOR_REMOTE_CACHE", False)
-# The longest one Redis operation may wait (to connect, and for each reply).
-remote_cache_timeout_ms: int = _env_int("CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS", 1000, 1,
-                                        60000)
-# A file holding the secret a fleet shares: with it, remote entries are sealed (HMAC) and
-# only sealed ones load (the trust model: ``compile/portable.py``).
-remote_cache_secret_file: str | None = _raw("CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE")
-redis_url: str | None = _env_text("TORCHINDUCTOR_REDIS_URL", None, check_redis_url)
-redis_host: str = _raw("TORCHINDUCTOR_REDIS_HOST") or "localhost"
-redis_port: int = _env_int("TORCHINDUCTOR_REDIS_PORT", 6379, 1, 65535)
+cache_dir: str | None = _knob(
+    "cache_dir", "CUTEDSL_INDUCTOR_CACHE_DIR", None, _ANY_TEXT,
+    "the compiled-kernel cache", default_doc="<inductor cache dir>/cutedsl",
+    locates_binary=True)
+disk_cache: bool = _knob(
+    "disk_cache", "CUTEDSL_INDUCTOR_DISK_CACHE", True, Boolean(),
+    "export compiled kernels to `cache_dir` and load them from there", locates_binary=True)
+arch: str | None = _knob(
+    "arch", ("CUTEDSL_INDUCTOR_ARCH", "CUTE_DSL_ARCH"), None,
+    Pattern(r"sm_[0-9]+[af]?", "a GPU arch such as sm_90a or sm_100a"),
+    "the GPU architecture kernels are compiled for", default_doc="the GPU's, else sm_90a",
+    changes_code=True, locates_binary=True)
+entry_suffix: str = _knob(
+    "entry_suffix", "CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "main",
+    Pattern(r"[A-Za-z0-9_]+", "letters, digits and _"),
+    "`def_kernel` defines `<kernel_name>_<entry_suffix>`",
+    changes_code=True, locates_binary=True)
+compile_options: str = _knob(
+    "compile_options", "CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "",
+    Text(check_compile_options, "`cute.compile` options but "
+         + ", ".join(f"`--{option}`" for option in RESERVED_OPTIONS)),
+    "extra options for `cute.compile`", changes_code=True, locates_binary=True)
+gemm_max_configs: int = _knob(
+    "gemm_max_configs", "CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8, Integer(1, 1024),
+    "GEMM configs the heuristic offers per shape", changes_code=True)
+gemm_exhaustive: bool = _knob(
+    "gemm_exhaustive", "CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False, Boolean(),
+    "offer every GEMM config the kernel can run", changes_code=True)
+epilogue_fusion: bool = _knob(
+    "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False, Boolean(),
+    "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "
+    "into one", changes_code=True)
+fused_choice_candidates: int = _knob(
+    "fused_choice_candidates", "CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, Integer(0, 64),
+    "our fastest GEMM choices timed again with their epilogue fused (< 2: none)",
+    changes_code=True)
+compile_workers: int = _knob(
+    "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
+    _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
+    "processes compiling the choices Inductor precompiles (0: in this process)",
+    default_doc="half the CPUs, at most 8; 0 below 4 CPUs")
+autotune_settle_ms: int = _knob(
+    "autotune_settle_ms", "CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, Integer(0, 60000),
+    "ms our first choice runs untimed before an autotuning's first timing (0: off)")
+remote_cache: bool = _knob(
+    "remote_cache", "CUTEDSL_INDUCTOR_REMOTE_CACHE", False, Boolean(),
+    "a Redis tier under the disk cache: kernels and tuning decisions fetched and published "
+    "(`compile/remote_cache.py`)", locates_binary=True)
+remote_cache_timeout_ms: int = _knob(
+    "remote_cache_timeout_ms", "CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS", 1000,
+    Integer(1, 60000), "the longest one Redis operation waits (to connect, for each reply)",
+    locates_binary=True)
+remote_cache_secret_file: str | None = _knob(
+    "remote_cache_secret_file", "CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE", None,
+    Text(lambda raw, variable: raw, "a file"),
+    "the fleet's shared secret: remote entries are sealed and only sealed ones load "
+    "(`compile/portable.py`)", locates_binary=True)
+redis_url: str | None = _knob(
+    "redis_url", "TORCHINDUCTOR_REDIS_URL", None,
+    Pattern(r"(rediss?|unix)://\S+", "a Redis URL: redis://HOST:PORT, rediss://... or "
+            "unix://PATH"), "Inductor's Redis address (its remote caches read it too)",
+    locates_binary=True)
+redis_host: str = _knob(
+    "redis_host", "TORCHINDUCTOR_REDIS_HOST", "localhost", Text(lambda raw, variable: raw,
+                                                                "a host name"),
+    "Inductor's Redis host, where no `redis_url`", locates_binary=True)
+redis_port: int = _knob(
+    "redis_port", "TORCHINDUCTOR_REDIS_PORT", 6379, Integer(1, 65535),
+    "Inductor's Redis port, where no `redis_url`", locates_binary=True)
 
 
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
     """Temporarily set knobs: ``with config.patch(disk_cache=False): ...``."""
     module = globals()
-    unknown = [name for name in changes if name not in _KNOBS]
+    unknown = [name for name in changes if name not in KNOBS]
     if unknown:
         raise AttributeError(f"unknown cutedsl_inductor config knob(s): {unknown}")
     saved = {name: module[name] for name in changes}
@@ -183,30 +229,23 @@ def patch(**changes: Any) -> Iterator[None]:
         module.update(saved)
 
 
-_KNOBS = (
-    "cache_dir",
-    "disk_cache",
-    "arch",
-    "entry_suffix",
-    "compile_options",
-    "gemm_max_configs",
-    "gemm_exhaustive",
-    "epilogue_fusion",
-    "fused_choice_candidates",
-    "compile_workers",
-    "autotune_settle_ms",
-    "remote_cache",
-    "remote_cache_timeout_ms",
-    "remote_cache_secret_file",
-    "redis_url",
-    "redis_host",
-    "redis_port",
-)
-
-
 def snapshot() -> dict[str, Any]:
-    """The knobs that change generated code or binaries (goes into cache keys)."""
-    return {"entry_suffix": entry_suffix, "compile_options": compile_options,
-            "arch": arch, "gemm_max_configs": gemm_max_configs,
-            "gemm_exhaustive": gemm_exhaustive, "epilogue_fusion": epilogue_fusion,
-            "fused_choice_candidates": fused_choice_candidates}
+    """The knobs that change generated code (goes into Inductor's FX graph cache key)."""
+    return {name: globals()[name] for name, knob in KNOBS.items() if knob.changes_code}
+
+
+def binary_knobs() -> dict[str, Any]:
+    """The knobs that locate a kernel's binary: another process set to them finds or
+    builds the binary this one would."""
+    return {name: globals()[name] for name, knob in KNOBS.items() if knob.locates_binary}
+
+
+def docs_table() -> str:
+    """The knobs as a Markdown table (the README's)."""
+    rows = ["| knob | environment variable | default | accepts | what it does |",
+            "|---|---|---|---|---|"]
+    for knob in KNOBS.values():
+        env = f"`{knob.env[0]}`" + "".join(f" (else `{other}`)" for other in knob.env[1:])
+        default = knob.default_doc or f"`{knob.default!r}`"
+        rows.append(f"| `{knob.name}` | {env} | {default} | {knob.parse.doc} | {knob.doc} |")
+    return "\n".join(rows)

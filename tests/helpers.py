@@ -1,10 +1,11 @@
 """IR builders for CPU tests: real Inductor nodes on a (virtual) CUDA device."""
 
-import ast
 import contextlib
-from types import SimpleNamespace
 
 import torch
+
+from cutedsl_inductor.bench.lowering import (  # noqa: F401 (the tests' helpers too)
+    kernel_definitions, load_kernels, lowered, virtual_sm90_patches)
 
 
 def make_input(graph, name, shape, dtype=torch.float32, stride=None, offset=0):
@@ -23,30 +24,11 @@ def make_layout(shape, dtype=torch.float32):
     return ir.FixedLayout(torch.device("cuda", 0), dtype, list(shape))
 
 
-H200_PROPERTIES = SimpleNamespace(
-    name="NVIDIA H200 (virtual)", major=9, minor=0, multi_processor_count=132, warp_size=32,
-    regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
-    max_threads_per_block=1024, total_memory=141 << 30, gcnArchName="",
-)
-
-
 def use_virtual_sm90(monkeypatch):
-    """Let Inductor's lowerings and scheduler treat "cuda" as an sm_90 GPU on a machine
-    without one: device queries answer for an H200 and Triton counts as installed. Nothing
-    is benchmarked or launched; only lowering, fusion and our rendering run."""
-    from torch._dynamo import device_interface
-    from torch._inductor import scheduler
-
-    def properties(device=None):
-        return H200_PROPERTIES
-
-    cuda = device_interface.CudaInterface
-    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(cuda, "get_device_properties", staticmethod(properties))
-    monkeypatch.setattr(cuda.Worker, "get_device_properties", staticmethod(properties))
-    monkeypatch.setattr(cuda, "get_compute_capability", staticmethod(lambda device=None: 90))
-    monkeypatch.setattr(scheduler, "has_triton", lambda: True)
+    """Let Inductor treat "cuda" as an sm_90 GPU for the rest of the test
+    (``cutedsl_inductor.bench.lowering``)."""
+    for target, name, replacement in virtual_sm90_patches():
+        monkeypatch.setattr(target, name, replacement)
 
 
 @contextlib.contextmanager
@@ -59,54 +41,6 @@ def virtual_sm90_max_autotune(monkeypatch, backends, gemm_max_configs):
     with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends=backends), \
             config.patch(epilogue_fusion=True, gemm_max_configs=gemm_max_configs):
         yield
-
-
-@contextlib.contextmanager
-def lowered(fn, *shapes, dtype=torch.bfloat16, cpp_wrapper=False, post_grad=False):
-    """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor (its
-    C++ wrapper with ``cpp_wrapper``, after its post-grad passes with ``post_grad``);
-    yields the GraphLowering, installed as V.graph (build a Scheduler from its
-    operations)."""
-    from torch._inductor.debug import DebugContext
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.graph import GraphLowering
-    from torch._inductor.virtualized import V
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    mode = FakeTensorMode()
-    with mode:
-        args = [torch.empty(shape, device="cuda", dtype=dtype) for shape in shapes]
-    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-    if post_grad:
-        from torch._inductor.fx_passes.post_grad import post_grad_passes
-
-        with V.set_fake_mode(mode):
-            post_grad_passes(gm, is_inference=True)
-    graph = GraphLowering(gm, example_inputs=args, cpp_wrapper=cpp_wrapper)
-    with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), \
-            V.set_fake_mode(mode):
-        graph.run(*args)
-        yield graph
-
-
-def kernel_definitions(code):
-    """The ``name = load_kernel(...)`` statements of an output module."""
-    return [node for node in ast.parse(code).body
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", "") == "load_kernel"]
-
-
-def load_kernels(definitions):
-    """Run those statements, as the output module would (each kernel compiled, or found
-    in the kernel cache); returns their namespace (kernel name -> wrapper)."""
-    from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
-    from cutedsl_inductor.runtime.loader import load_kernel
-
-    namespace = {"load_kernel": load_kernel, "TensorSpec": TensorSpec, "Sym": Sym,
-                 "ScalarSpec": ScalarSpec}
-    exec(compile(ast.Module(definitions, type_ignores=[]), "output_code", "exec"), namespace)
-    return namespace
 
 
 def compile_residual_gemm(cfg, dump_dir=None):

@@ -114,6 +114,62 @@ def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args
     assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
 
 
+A_FILE = str(ROOT / "README.md")
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: COMMAND"),
+    (["nope"], "argument COMMAND: invalid choice: 'nope'"),
+    (["cache", "nope"], "argument action: invalid choice: 'nope'"),
+    (["precompile", "--templates", "nope"], "'nope': not a built-in template"),
+    (["bench"], "the following arguments are required: BENCH"),
+    (["bench", "gemm", "--merge", "/nonexistent"],
+     "'/nonexistent': cannot read /nonexistent (No such file or directory)"),
+    (["bench", "gemm", "--merge", A_FILE],
+     "is not a bench gemm CSV (without the column(s) m, n, k, dtype, layout, config"),
+    (["bench", "gemm", "--dtypes", "bf16,fp8"], "'fp8': not a dtype (one of bf16, fp16)"),
+    (["bench", "gemm", "--layouts", "tn"], "'tn': not a layout (one of nt, nn)"),
+    (["bench", "epilogue", "--out", f"{A_FILE}/out"], "cannot make that folder"),
+    (["bench", "sweep"], "the following arguments are required: --shapes"),
+    (["bench", "sweep", "--shapes", "64x64x64", "--variant", "tile_q=1"],
+     "'tile_q' is not a GEMM config field (one of tile_m, "),
+    (["bench", "sweep", "--shapes", "64x64x64", "--ranked", "0"], "'0' is not a positive integer"),
+    (["bench", "model", "--layers", "0"], "'0' is not a positive integer"),
+    (["bench", "launch", "--out", A_FILE], "cannot make that folder"),
+], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+def test_a_wrong_argument_is_one_error_line_before_anything_runs(argv, message, capsys):
+    from cutedsl_inductor.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert message in error
+
+
+def test_bench_alone_is_a_usage_error_as_a_user_runs_it(tmp_path):
+    run = cli("bench", cache_dir=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.splitlines()[-1] == ("python -m cutedsl_inductor bench: error: the "
+                                           "following arguments are required: BENCH")
+
+
+def test_bench_help_lists_every_benchmark_and_version_names_the_toolchain(capsys):
+    from cutedsl_inductor import __version__
+    from cutedsl_inductor.cli import BENCHES, main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--help"])
+    assert exit.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(re.search(rf"^    {name} +\w", listed, re.M) for name in BENCHES)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert re.fullmatch(rf"cutedsl-inductor {re.escape(__version__)} \(torch 2\.\d+\S*, "
+                        r"nvidia-cutlass-dsl 4\.8\.\d+, apache-tvm-ffi 0\.1\.15\S*\)\n",
+                        capsys.readouterr().out)
+
+
 def test_a_read_only_cache_is_not_cleared(tmp_path):
     cache_dir = tmp_path / "kernels"
     (cache_dir / "ab").mkdir(parents=True)
@@ -155,7 +211,7 @@ def test_bench_gemm_merges_shards(tmp_path):
     assert "in every round on 0 of the 1 timed in rounds" in run.stdout
     assert " 1.250 1.20-1.30 " in run.stdout  # the ratio's range over the rounds
     merged = (tmp_path / "merged" / "gemm_bench.csv").read_text().splitlines()
-    assert merged[0] == WITH_ROUNDS and len(merged) == 4
+    assert merged[0] == WITH_ROUNDS + ",gpu,torch,cute_dsl" and len(merged) == 4
 
 
 def test_bench_rounds_are_checked_before_any_run(tmp_path):
@@ -166,7 +222,7 @@ def test_bench_rounds_are_checked_before_any_run(tmp_path):
 
 
 def test_bench_gemm_shapes(tmp_path):
-    from cutedsl_inductor.bench.gemm import parse_shapes
+    from cutedsl_inductor.bench.args import parse_shapes
 
     assert parse_shapes("16x4096x14336,1024X1024x1024") == [(16, 4096, 14336), (1024, 1024, 1024)]
     run = cli("bench", "gemm", "--shapes", "128x4096x4096,64x4096", cache_dir=tmp_path)
@@ -175,7 +231,7 @@ def test_bench_gemm_shapes(tmp_path):
 
 
 def test_bench_shards_are_checked_before_any_run(tmp_path):
-    from cutedsl_inductor.bench.gemm import parse_shard
+    from cutedsl_inductor.bench.args import parse_shard
 
     assert parse_shard("2/4") == (2, 4)
     for bench in ("gemm", "epilogue"):

@@ -62,3 +62,36 @@ def test_the_import_fails_with_that_one_line():
         "cutedsl_inductor.exc.ConfigError: CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS='abc' is not "
         "accepted: expected an integer from 1 to 1024")
     assert "invalid literal for int()" not in run.stderr
+
+
+def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
+    assert set(config.snapshot()) == {"entry_suffix", "compile_options", "arch",
+                                      "gemm_max_configs", "gemm_exhaustive",
+                                      "epilogue_fusion", "fused_choice_candidates"}
+    with config.patch(gemm_max_configs=3):
+        assert config.snapshot()["gemm_max_configs"] == 3
+
+
+def test_a_benchmark_request_carries_the_knobs_that_locate_a_binary():
+    assert set(config.binary_knobs()) == {"cache_dir", "disk_cache", "arch", "entry_suffix",
+                                           "compile_options", "remote_cache",
+                                           "remote_cache_timeout_ms",
+                                           "remote_cache_secret_file", "redis_url",
+                                           "redis_host", "redis_port"}
+    with config.patch(cache_dir="/elsewhere"):
+        assert config.binary_knobs()["cache_dir"] == "/elsewhere"
+
+
+def test_every_knob_is_a_module_attribute_read_from_its_variable(monkeypatch, reload_config):
+    for variable in [v for knob in config.KNOBS.values() for v in knob.env]:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", "5")
+    fresh = reload_config()
+    for name, knob in fresh.KNOBS.items():
+        assert getattr(fresh, name) == (5 if name == "fused_choice_candidates" else knob.default)
+
+
+def test_patch_refuses_unknown_knobs():
+    with pytest.raises(AttributeError, match="unknown cutedsl_inductor config knob"):
+        with config.patch(gemm_max_config=3):
+            pass

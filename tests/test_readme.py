@@ -1,6 +1,7 @@
 """The README's quick start: its template renders and compiles (GPU-less for sm_90a), and
 its whole code runs as written on a GPU; without one (CPU tensors) it ends in an error
-that says why, naming the template."""
+that says why, naming the template. Its knob table is config.py's, and the docs link
+nowhere but into the repository and to upstream's pages."""
 
 import os
 import re
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 import tvm_ffi
 
-from cutedsl_inductor import CuteDSLTemplate
+from cutedsl_inductor import CuteDSLTemplate, config
 from tests.helpers import make_input, make_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+UPSTREAM_PAGES = ("https://docs.nvidia.com/cutlass/", "https://pytorch.org/",
+                  "https://github.com/pytorch/pytorch", "https://github.com/NVIDIA/cutlass")
 
 
 def quick_start_code():
@@ -28,6 +31,20 @@ def run_quick_start(code, tmp_path):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def test_the_configuration_table_is_config_py_s():
+    """The README's knob table is ``config.docs_table()`` (paste its output to update)."""
+    assert config.docs_table() in README.read_text(), config.docs_table()
+
+
+def test_links_stay_in_the_repository_or_go_to_upstream_pages():
+    for text in [README.read_text()] + [p.read_text() for p in (ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)]+)\)", text):
+            if target.startswith("http"):
+                assert target.startswith(UPSTREAM_PAGES), target
+            else:
+                assert any((base / target).exists() for base in (ROOT, ROOT / "docs")), target
 
 
 def test_quick_start_template_compiles(graph):

@@ -44,11 +44,6 @@ TIMINGS = 2
 # Calls between two synchronizes while settling the clocks: the host stays at most this
 # many launches ahead of the GPU.
 _CALLS_PER_SYNC = 8
-# The knobs that locate and shape a binary, its remote tier included (the others only
-# steer choices and fusion).
-_BINARY_KNOBS = ("cache_dir", "disk_cache", "arch", "entry_suffix", "compile_options",
-                 "remote_cache", "remote_cache_timeout_ms", "remote_cache_secret_file",
-                 "redis_url", "redis_host", "redis_port")
 
 
 def argument_meta(node: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> TensorMeta:
@@ -88,7 +83,7 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         self.specs = specs
         self.template = template
         self.params = params
-        self.knobs = {name: getattr(config, name) for name in _BINARY_KNOBS}
+        self.knobs = config.binary_knobs()
         self.knobs["arch"] = target_arch()  # as resolved here (another process may see no GPU)
         self.settle_ms = 0  # set on the first choice timed (autotune/select.py)
 

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .gemm import LLM_NK, ROUNDS, parse_rounds, parse_shapes, parse_shard
+from .args import output_folder, parse_rounds, parse_shapes, parse_shard
+from .gemm import LLM_NK, ROUNDS
 from .timing import captured, interleaved_ms, tflops_and_ratios
 
 SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in LLM_NK]
@@ -116,18 +117,19 @@ CSV_FIELDS = ["block", "m", "n", "k", "ours", "default", "max_autotune", "gemm_a
 GOAL = 1.05  # of Inductor max-autotune, on every block
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench epilogue")
-    parser.add_argument("--quick", action="store_true")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="M in {128, 8192}, (4096, 4096)")
     parser.add_argument("--shapes", type=parse_shapes, metavar="MxNxK,...",
                         help="these shapes instead of the suite")
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
                         help="run every N-th shape starting at the K-th")
     parser.add_argument("--rounds", type=parse_rounds, default=ROUNDS,
                         help="interleaved timing rounds per block (their median counts)")
-    parser.add_argument("--out", type=Path, default=Path("."),
+    parser.add_argument("--out", type=output_folder, default=Path("."),
                         help="folder for epilogue_bench.csv (written row by row)")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("bench epilogue needs an sm_90 GPU")
         return 2

@@ -15,7 +15,7 @@ the fastest (each checked against float64 first); then that config, cuBLAS and T
 timed in ``--rounds`` interleaved rounds (``timing.interleaved_ms``: ``do_bench``
 medians, L2 flushed, fresh random inputs), the median round counting and the ratios'
 range over the rounds printed and kept in the CSV (``vs_*_min``/``vs_*_max``).
-``--merge DIR ...`` prints the table and summary of shards run earlier (their CSVs) and
+``--merge DIR|CSV ...`` prints the table and summary of shards run earlier (their CSVs) and
 writes them as one CSV and plot.
 """
 
@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from ..compile.compiler import toolchain_versions
+from .args import one_of, output_folder, parse_layouts, parse_rounds, parse_shapes, parse_shard
+from .gemm_plot import geomean, write_plot
 from .timing import fastest_by_median, interleaved_ms, tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -38,6 +41,7 @@ LLM = [(m, n, k) for m in (16, 64, 128, 256, 1024, 4096, 8192) for n, k in LLM_N
 QUICK = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (128, 8192, 8192),
          (16, 4096, 4096), (1024, 14336, 4096)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+parse_dtypes = one_of(tuple(DTYPES), "dtype")
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[Any, Any]:
@@ -127,43 +131,49 @@ HEADER = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':
           f"{'Triton':>7} {'/cuBLAS':>8} {'rounds':>9} {'/Triton':>8} {'rounds':>9}  config")
 
 
-def read_rows(directory: Path) -> list[dict[str, Any]]:
-    with open(directory / "gemm_bench.csv", newline="") as f:
-        return [{key: value if key in ("dtype", "layout", "config") else
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``bench gemm`` CSV (``path``, or ``path``/gemm_bench.csv); ValueError
+    where it is not one."""
+    with open(path / "gemm_bench.csv" if path.is_dir() else path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [key for key in BASE_FIELDS if key not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"without the column(s) {', '.join(missing)}")
+        rows = [{key: value if key in TEXT_FIELDS else
                  (int(value) if key in "mnk" else float(value or "nan"))
                  for key, value in row.items()}
-                for row in csv.DictReader(f)]
+                for row in reader]
+    if not rows:
+        raise ValueError("no rows")
+    return rows
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``"128x4096x4096,1024x1024x1024"`` -> ``[(128, 4096, 4096), (1024, 1024, 1024)]``."""
-    shapes = []
-    for item in text.split(","):
-        dims = item.lower().split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"{item!r} is not MxNxK (positive integers)")
-        shapes.append(tuple(int(d) for d in dims))
-    return shapes
+def parse_shard_rows(text: str) -> list[dict[str, Any]]:
+    """``--merge``: a shard's folder (its gemm_bench.csv) or a CSV file, read."""
+    try:
+        return read_rows(Path(text))
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
+    except (ValueError, csv.Error) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bench gemm CSV ({err})") from None
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"2/4"`` -> ``(2, 4)``: run every 4th shape of the list from the 2nd."""
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N")
-    return int(index), int(count)
-
-
-def parse_rounds(text: str) -> int:
-    if not (text.isdigit() and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of rounds")
-    return int(text)
-
-
-CSV_FIELDS = ["m", "n", "k", "dtype", "layout", "config", "ours", "cublas", "triton",
-              "vs_cublas", "vs_triton", "vs_cublas_min", "vs_cublas_max", "vs_triton_min",
-              "vs_triton_max"]
+# a CSV of any version has these; the ratios' ranges over the rounds came later, and then
+# the setup each row was measured on (GPU, versions)
+BASE_FIELDS = ["m", "n", "k", "dtype", "layout", "config", "ours", "cublas", "triton",
+               "vs_cublas", "vs_triton"]
+SETUP_FIELDS = ["gpu", "torch", "cute_dsl"]
+CSV_FIELDS = BASE_FIELDS + ["vs_cublas_min", "vs_cublas_max", "vs_triton_min",
+                            "vs_triton_max"] + SETUP_FIELDS
+TEXT_FIELDS = ("dtype", "layout", "config", *SETUP_FIELDS)
 ROUNDS = 5
+
+
+def setup() -> dict[str, str]:
+    """The GPU and versions measured on (the CSV's setup columns)."""
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                cute_dsl=toolchain_versions()["nvidia-cutlass-dsl"])
 
 
 def measure_row(m: int, n: int, k: int, dt: str, layout: str, with_triton: bool,
@@ -179,7 +189,7 @@ def measure_row(m: int, n: int, k: int, dt: str, layout: str, with_triton: bool,
     times = interleaved_ms(fns, rounds)
     times.setdefault("triton", [math.nan] * rounds)
     return dict(m=m, n=n, k=k, dtype=dt, layout=layout, config=cfg,
-                **tflops_and_ratios(times, 2 * m * n * k, ("cublas", "triton")))
+                **tflops_and_ratios(times, 2 * m * n * k, ("cublas", "triton")), **setup())
 
 
 def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: list[str],
@@ -202,9 +212,8 @@ def run_suite(shapes: list[tuple[int, int, int]], dtypes: list[str], layouts: li
 
 def summarize(rows: list[dict[str, Any]]) -> str:
     ratios = [r["vs_cublas"] for r in rows if r["vs_cublas"] > 0]
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     worst = min(rows, key=lambda r: r["vs_cublas"])
-    lines = [f"geomean vs cuBLAS {geomean:.3f} over {len(rows)} shapes; worst "
+    lines = [f"geomean vs cuBLAS {geomean(ratios):.3f} over {len(rows)} shapes; worst "
              f"{worst['vs_cublas']:.2f} at {worst['m']}x{worst['n']}x{worst['k']} "
              f"{worst['dtype']} {worst['layout']}"]
     with_triton = [r for r in rows if not math.isnan(r["vs_triton"])]
@@ -220,69 +229,50 @@ def summarize(rows: list[dict[str, Any]]) -> str:
 
 
 def write_csv(rows: list[dict[str, Any]], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     with open(out / "gemm_bench.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
 
 
-def write_plot(rows: list[dict[str, Any]], out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
-        return
-    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']} {r['layout']}" for r in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.6), 5))
-    for key, width in (("ours", -0.27), ("cublas", 0.0), ("triton", 0.27)):
-        ax.bar([x + width for x in xs], [r[key] for r in rows], width=0.27, label=key)
-    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("TFLOP/s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "gemm_bench.png", dpi=120)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench gemm")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small representative subset")
     parser.add_argument("--shapes", type=parse_shapes, metavar="MxNxK,...",
                         help="these shapes instead of the suite")
-    parser.add_argument("--dtypes", default="bf16,fp16")
-    parser.add_argument("--layouts", default="nt,nn")
+    parser.add_argument("--dtypes", type=parse_dtypes, default=list(DTYPES), metavar="bf16,fp16")
+    parser.add_argument("--layouts", type=parse_layouts, default=["nt", "nn"], metavar="nt,nn",
+                        help="B as w.T (nt) or row-major (nn)")
     parser.add_argument("--no-triton", action="store_true")
     parser.add_argument("--rounds", type=parse_rounds, default=ROUNDS,
                         help="interleaved timing rounds per shape (their median counts)")
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
                         help="run every N-th shape starting at the K-th (split long suites)")
-    parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--merge", nargs="+", metavar="DIR",
-                        help="summarize shards run earlier (directories with their CSVs)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=output_folder, default=Path("bench-out"),
+                        help="folder for gemm_bench.csv and gemm_bench.png")
+    parser.add_argument("--merge", type=parse_shard_rows, nargs="+", metavar="DIR|CSV",
+                        help="summarize shards run earlier (their folders or CSV files)")
+
+
+def main(args: argparse.Namespace) -> int:
     if args.merge:
-        rows = [row for directory in args.merge for row in read_rows(Path(directory))]
+        rows = [row for shard in args.merge for row in shard]
+        args.out.mkdir(parents=True, exist_ok=True)
         print(HEADER)
         for row in rows:
             print_row(row)
         print(summarize(rows))
-        write_csv(rows, Path(args.out))
-        write_plot(rows, Path(args.out))
+        write_csv(rows, args.out)
+        write_plot(rows, args.out / "gemm_bench.png")
         return 0
     if not torch.cuda.is_available():
         print("bench gemm needs an sm_90 GPU")
         return 2
     index, count = args.shard
     shapes = (args.shapes or (QUICK if args.quick else SQUARES + LLM))[index - 1::count]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "gemm_bench.csv", "w", newline="") as table:
-        rows = run_suite(shapes, args.dtypes.split(","), args.layouts.split(","),
-                         with_triton=not args.no_triton, table=table, rounds=args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "gemm_bench.csv", "w", newline="") as table:
+        rows = run_suite(shapes, args.dtypes, args.layouts, with_triton=not args.no_triton,
+                         table=table, rounds=args.rounds)
     print(summarize(rows))
-    write_plot(rows, out)
+    write_plot(rows, args.out / "gemm_bench.png")
     return 0

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .args import one_of, output_folder, parse_count
+
 FAMILIES = ("llama", "gpt2")
 WORKLOADS = {"prefill": (4, 2048), "decode": (64, 1), "decode-graphs": (64, 1),
              "train": (2, 2048)}
@@ -369,16 +371,6 @@ def _parse_tokens(text: str) -> tuple[int, int]:
     return int(batch), int(seq)
 
 
-def _choices(allowed: tuple[str, ...]) -> Any:
-    def parse(text: str) -> list[str]:
-        values = text.split(",") if text != "all" else list(allowed)
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError(f"{bad}: choose from {', '.join(allowed)} or all")
-        return values
-    return parse
-
-
 def _fusions(text: str) -> list[bool | None]:
     values = {"on": True, "off": False, "default": None}
     parts = text.split(",")
@@ -387,28 +379,25 @@ def _fusions(text: str) -> list[bool | None]:
     return [values[p] for p in parts]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cutedsl_inductor bench model",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--families", type=_choices(FAMILIES), default=list(FAMILIES))
-    p.add_argument("--workloads", type=_choices(tuple(WORKLOADS)), default=list(WORKLOADS))
-    p.add_argument("--variants", type=_choices(VARIANTS), default=list(VARIANTS))
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--families", type=one_of(FAMILIES, "family", all_of=True),
+                   default=list(FAMILIES))
+    p.add_argument("--workloads", type=one_of(tuple(WORKLOADS), "workload", all_of=True),
+                   default=list(WORKLOADS))
+    p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
+                   default=list(VARIANTS))
     p.add_argument("--fusion", type=_fusions, default=[None],
                    help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=parse_count, default=2)
     p.add_argument("--tokens", type=_parse_tokens, default=None,
                    help="BATCHxSEQ for every workload (default: each workload's own)")
-    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--steps", type=parse_count, default=15)
     p.add_argument("--no-warm", dest="warm", action="store_false",
                    help="skip the warm second process of each variant")
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
-    return p
+    p.add_argument("--out", type=output_folder, default=Path("bench-out"))
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    if args.layers < 1 or args.steps < 1:
-        parser().error("--layers and --steps must be at least 1")
+def main(args: argparse.Namespace) -> int:
     rows = run(args)
     print(summary(rows))
     plot(rows, args.out / "model_bench.png")
@@ -420,4 +409,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(measure(Case(**json.loads(sys.argv[2])))))
     else:
-        sys.exit(main(sys.argv[1:]))
+        sys.exit("usage: python -m cutedsl_inductor bench model ...")

@@ -2,11 +2,12 @@
 
 import pytest
 
-from cutedsl_inductor.bench.model import Case, _add_ratios, cases_of, parser, summary
+from cutedsl_inductor.bench.model import Case, _add_ratios, cases_of, summary
+from cutedsl_inductor.cli import parser
 
 
 def args(*argv):
-    return parser().parse_args(list(argv))
+    return parser().parse_args(["bench", "model", *argv])
 
 
 def test_fusion_off_shares_the_caches_of_fusion_on():

@@ -1,6 +1,8 @@
 """torch.compile end to end on an sm_90 GPU (marker ``gpu``; skipped elsewhere)."""
 
 import csv
+import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -242,7 +244,28 @@ def test_bench_gemm_writes_each_row_as_measured(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     lines = (tmp_path / "gemm_bench.csv").read_text().splitlines()
     assert lines[0].startswith("m,n,k,dtype,layout,config") and len(lines) == 3
+    assert lines[1].endswith(f",{torch.cuda.get_device_name()},{torch.__version__},"
+                             f"{importlib.metadata.version('nvidia-cutlass-dsl')}")
     assert "geomean vs cuBLAS" in run.stdout
+
+
+def test_bench_sweep_times_every_config_against_cublas():
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor", "bench", "sweep", "--shapes",
+                          "256x512x128", "--ranked", "2", "--variant", "tile_k=64",
+                          "--rounds", "2"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "256x512x128 nt: cuBLAS " in run.stdout and "0 failure(s)" in run.stdout
+    assert "rank 0" in run.stdout and "rank -" in run.stdout  # ranked ones and variants
+
+
+def test_bench_launch_times_the_host_side_of_a_call(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor", "bench", "launch",
+                          "--steady-only", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads((tmp_path / "launch_overhead.json").read_text())["rows"]
+    assert {"CuteDSLKernelWrapper.run, static specs", "compiled graph, CuteDSL kernel"} <= {
+        row[0] for row in rows}
 
 
 def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):

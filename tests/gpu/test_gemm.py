@@ -310,11 +310,12 @@ def split_k_kernel(tile, split_k, store, a_major, b_major, bias_dtype=None,
                              max_active_clusters=max_active_clusters or None)
 
 
-def kernel_operand(rows, cols, l, major, dtype=torch.bfloat16, fill="randn"):
-    """A (rows, cols, L) view in the kernel's convention; the leading dimension is padded
-    to 16 bytes (plus 8 elements, so writes past the view are detectable)."""
+def kernel_operand(rows, cols, l, major, dtype=torch.bfloat16, fill="randn", pad=8):
+    """A (rows, cols, L) view in the kernel's convention, and the allocation behind it:
+    the leading dimension is padded to 16 bytes plus ``pad`` elements (rounded up to 8),
+    so that writes past the view are detectable."""
     inner = cols if major == "k" else rows
-    ld = (inner + 7) // 8 * 8 + 8
+    ld = (inner + 7) // 8 * 8 + (pad + 7) // 8 * 8
     store = torch.empty((l, rows if major == "k" else cols, ld), device="cuda", dtype=dtype)
     if fill == "nan":
         store.fill_(float("nan"))
@@ -422,33 +423,94 @@ def test_split_k_choice_through_the_template():
     assert "SPLIT_K" in descriptions[0]
 
 
+@pytest.mark.parametrize("m", [16, 64, 128, 256])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (14336, 4096), (4096, 14336)])
+def test_the_split_and_unsplit_configs_ranked_first_at_small_m_match_float64(m, n, k):
+    """At an LLM's small-M shapes (bf16, x @ w.T) the heuristic's first three split-K and
+    first three unsplit configs, through the template."""
+    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
+
+    ranked = pick_configs(m, n, k, "bf16", max_configs=32)
+    configs = ([c for c in ranked if c.split_k > 1][:3]
+               + [c for c in ranked if c.split_k == 1][:3])
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = operand_b(k, n, torch.bfloat16, True)
+    ref = a.double() @ b.double()
+    outputs = list(template_outputs("mm", [a, b], (m, n), configs=len(configs),
+                                    config_list=configs))
+    assert len(outputs) == len(configs)
+    for description, out in outputs:
+        assert relative_error(out, ref) < TOLERANCE, description
+
+
+# -- every config called directly over a set of cases ---------------------------------
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (name, m, n, k, l, a_major, b_major, ab, out, bias, alpha, beta, pad)
+# bias: None | "row" (addmm vector, stride 0 along M) | "full" (M x N x L); pad: extra
+# elements in every leading dimension (lda != K)
+KERNEL_CASES = [
+    ("square1000", 1000, 1000, 1000, 1, "k", "k", "bf16", "bf16", None, 1.0, 0.0, 0),
+    ("tails129x257x65", 129, 257, 65, 1, "k", "k", "bf16", "bf16", None, 1.0, 0.0, 7),
+    ("batched_L3", 200, 136, 320, 3, "k", "k", "bf16", "bf16", None, 1.0, 0.0, 0),
+    ("a_m_major", 1000, 1000, 1000, 1, "m", "k", "bf16", "bf16", None, 1.0, 0.0, 0),
+    ("b_n_major", 1000, 1000, 1000, 1, "k", "n", "bf16", "bf16", None, 1.0, 0.0, 0),
+    ("both_mn_major_tails", 129, 257, 65, 2, "m", "n", "bf16", "bf16", None, 1.0, 0.0, 7),
+    ("row_bias_alpha_beta", 1000, 1000, 1000, 1, "k", "n", "bf16", "bf16", "row", 0.5, 2.0, 0),
+    ("full_bias_batched", 129, 257, 65, 3, "k", "k", "bf16", "bf16", "full", 1.5, -1.0, 7),
+    ("fp16", 1000, 1000, 1000, 1, "k", "k", "fp16", "fp16", None, 1.0, 0.0, 0),
+    ("fp32_out_bias", 129, 257, 65, 1, "k", "k", "bf16", "fp32", "row", 1.0, 1.0, 7),
+    ("k_tiny", 300, 500, 8, 1, "k", "k", "bf16", "bf16", None, 1.0, 0.0, 0),
+]
+
+_KERNELS = {}
+
+
+def check_kernel(cfg, case, max_active_clusters=None):
+    """Compile ``cfg`` for ``case`` (cached; the direct store where C's rows are not
+    16-byte multiples) and run it there: NaN-poisoned padded output, float64 reference
+    (relative error < 1e-2 for 16-bit outputs, 1e-4 for fp32), nothing written past N."""
+    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
+
+    (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, alpha, beta, pad) = case
+    cfg = cfg.replace(store="direct" if (n * DTYPES[out].itemsize) % 16 else cfg.store)
+    bias_dtype = out if bias_kind else None
+    key = (cfg, max_active_clusters, ab, out, a_major, b_major, bias_dtype)
+    if key not in _KERNELS:
+        _KERNELS[key] = compile_sm90_gemm(cfg, ab, out, a_major, b_major, bias_dtype,
+                                          max_active_clusters=max_active_clusters)
+    a, _ = kernel_operand(m, k, l, a_major, DTYPES[ab], pad=pad)
+    b, _ = kernel_operand(n, k, l, b_major, DTYPES[ab], pad=pad)
+    c, c_store = kernel_operand(m, n, l, "k", DTYPES[out], fill="nan", pad=pad)
+    bias = None
+    if bias_kind == "row":
+        bias = torch.randn(n, device="cuda").to(DTYPES[out]).as_strided((m, n, l), (0, 1, 0))
+    elif bias_kind == "full":
+        bias = torch.randn((l, m, n), device="cuda").to(DTYPES[out]).permute(1, 2, 0)
+    _KERNELS[key](a, b, c, bias, alpha, beta)
+    torch.cuda.synchronize()
+    ref = torch.einsum("mkl,nkl->mnl", a.double(), b.double()) * alpha
+    if bias is not None:
+        ref = ref + beta * bias.double()
+    what = f"{cfg.name} {name} {m}x{n}x{k} L={l}"
+    assert relative_error(c, ref) < (1e-4 if out == "fp32" else TOLERANCE), what
+    assert torch.isnan(c_store[:, :, n:]).all(), f"wrote past N: {what}"
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda case: case[0])
+@pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS if not c.pingpong],
+                         ids=lambda c: c.name)
+def test_default_configs_match_float64(cfg, case):
+    """Every cooperative and one-warpgroup default config (the ping-pong ones: below)
+    over tails, padded leading dimensions, batches, every operand major, bias with alpha
+    and beta, fp16 and an fp32 output."""
+    check_kernel(cfg, case)
+
+
 # -- ping-pong consumer scheduling: the kernel called directly ---------------------
 
 def pingpong_configs():
-    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS, EXTRA_CONFIGS
-
     return [c for c in DEFAULT_CONFIGS + EXTRA_CONFIGS if c.pingpong]
-
-
-_PINGPONG_KERNELS = {}
-
-
-def check_pingpong(cfg, case, max_active_clusters=None):
-    """Compile ``cfg`` for ``case`` (a ``benchmarks/gemm_kernel_check.py`` correctness
-    case; cached) and run it there: NaN-poisoned padded output, float64 reference,
-    nothing written past N."""
-    from benchmarks.gemm_kernel_check import run_case
-    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
-
-    (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, *_rest) = case
-    cfg = cfg.replace(store="direct" if (n * (4 if out == "fp32" else 2)) % 16 else cfg.store)
-    bias_dtype = out if bias_kind else None
-    key = (cfg, max_active_clusters, ab, out, a_major, b_major, bias_dtype)
-    if key not in _PINGPONG_KERNELS:
-        _PINGPONG_KERNELS[key] = compile_sm90_gemm(cfg, ab, out, a_major, b_major, bias_dtype,
-                                                   max_active_clusters=max_active_clusters)
-    ok, err, note = run_case(_PINGPONG_KERNELS[key], case)
-    assert ok, f"{cfg.name} {case}: rel_err={err:.2e} {note}"
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
@@ -460,8 +522,8 @@ def test_pingpong_random_shapes_match_float64(cfg_idx):
         m = rng.randint(1, 1500)  # leading dimensions are padded to 16 bytes
         n, k, l = rng.randint(1, 1500), 8 * rng.randint(1, 300), rng.choice([1, 1, 2])
         pad = rng.choice([0, 8])
-        check_pingpong(cfg, (f"random{i}", m, n, k, l, a_major, b_major, "bf16", "bf16",
-                             None, 1.0, 0.0, pad))
+        check_kernel(cfg, (f"random{i}", m, n, k, l, a_major, b_major, "bf16", "bf16",
+                           None, 1.0, 0.0, pad))
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
@@ -472,7 +534,7 @@ def test_pingpong_random_shapes_match_float64(cfg_idx):
     ("fp16", 777, 512, 256, 1, "k", "k", "fp16", "fp16", None, 1.0, 0.0, 0),
 ], ids=lambda c: c[0] if isinstance(c, tuple) else None)
 def test_pingpong_addmm_bmm_dtypes_match_float64(cfg_idx, case):
-    check_pingpong(pingpong_configs()[cfg_idx], case)
+    check_kernel(pingpong_configs()[cfg_idx], case)
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
@@ -486,16 +548,16 @@ def test_pingpong_tile_counts_per_cta(cfg_idx, clusters):
     for tiles_m, tiles_n, k in [(1, 1, 64), (1, 1, 4096), (2, 1, 2048), (1, 3, 1000),
                                 (3, 2, 2056), (7, 1, 40), (2, 5, 3000)]:
         m, n = tiles_m * tm - 3, tiles_n * tn - 8
-        check_pingpong(cfg, (f"{tiles_m}x{tiles_n}_clusters_k{k}", m, n, k, 1, "k", "k",
-                             "bf16", "bf16", None, 1.0, 0.0, 0), max_active_clusters=clusters)
+        check_kernel(cfg, (f"{tiles_m}x{tiles_n}_clusters_k{k}", m, n, k, 1, "k", "k",
+                           "bf16", "bf16", None, 1.0, 0.0, 0), max_active_clusters=clusters)
 
 
 @pytest.mark.parametrize("cfg_idx", range(4))
 def test_pingpong_large_matches_float64(cfg_idx):
-    check_pingpong(pingpong_configs()[cfg_idx], ("large", 4096, 4096, 4096, 1, "k", "k",
-                                                 "bf16", "bf16", None, 1.0, 0.0, 0))
-    check_pingpong(pingpong_configs()[cfg_idx], ("large_batched", 2048, 3072, 1024, 3, "m", "n",
-                                                 "bf16", "bf16", "full", 1.0, 1.0, 0))
+    check_kernel(pingpong_configs()[cfg_idx], ("large", 4096, 4096, 4096, 1, "k", "k",
+                                               "bf16", "bf16", None, 1.0, 0.0, 0))
+    check_kernel(pingpong_configs()[cfg_idx], ("large_batched", 2048, 3072, 1024, 3, "m", "n",
+                                               "bf16", "bf16", "full", 1.0, 1.0, 0))
 
 
 # -- the epilogue hook's coordinates: a coordinate-dependent fused epilogue ----------

@@ -151,15 +151,6 @@ def test_pingpong_fp16_compiles():
     compile_sm90_gemm(PINGPONG_CONFIGS[0], "fp16", "fp16", "k", "n")
 
 
-@pytest.mark.parametrize("store", ["tma", "direct"])
-def test_pingpong_epilogue_hook_override_compiles(store):
-    """A fused `gelu(acc) + bias[n]` subclass (the ping-pong benchmark's) on a ping-pong
-    config."""
-    from benchmarks.gemm_pingpong_check import compile_fused
-
-    assert callable(compile_fused(_with(PINGPONG_CONFIGS[0], store=store)))
-
-
 def test_pingpong_config_names():
     pp = dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=False, pingpong=True)
     assert config_name(pp) == "t128x128x64_c2x1_pp_rm"
@@ -347,7 +338,7 @@ def test_split_k_config_name():
 
 
 def test_pick_configs_offers_the_measured_decode_winners():
-    """H200 sweeps (gemm_sweep.py, nt / nn): at M = 16 swapped tiles were the fastest, the
+    """H200 sweeps (bench sweep, nt / nn): at M = 16 swapped tiles were the fastest, the
     64x16 tile with 16 stages at 16x4096x4096 (1.05 / 1.10 of cuBLAS) and 16x4096x14336
     (1.02 / 1.02, split in two 1.01), the 128x16 tile at 16x14336x4096 (1.01 / 1.00) and
     at 16x128256x4096 with the 256x16 tile (1.01 / 1.01), and for the K-major weight (nt)
@@ -367,7 +358,7 @@ def test_pick_configs_offers_the_measured_decode_winners():
 
 
 def test_pick_configs_offers_multicast_weights_where_m_spans_few_tiles():
-    """H200 sweeps (gemm_sweep.py, nt / nn): two M tiles sharing each B tile by
+    """H200 sweeps (bench sweep, nt / nn): two M tiles sharing each B tile by
     multicast were the fastest of all configs at 128x4096x4096 (64x64x128: 1.02 / 0.95 of
     cuBLAS), 128x4096x14336 (1.01 / 0.98) and 256x4096x14336 (128x64: 0.94 / 0.98),
     where the heuristic's best offered reached 0.91-0.93."""
@@ -379,7 +370,7 @@ def test_pick_configs_offers_multicast_weights_where_m_spans_few_tiles():
 
 
 def test_pick_configs_offers_the_64x128_multicast_pair_at_1024_cubed():
-    """H200 sweep (gemm_sweep.py, bf16, nt / nn): at 1024x1024x1024 the fastest config,
+    """H200 sweep (bench sweep, bf16, nt / nn): at 1024x1024x1024 the fastest config,
     64x128 tiles in M pairs (0.98 / 0.98 of cuBLAS), beat every config offered before
     it (at best 0.97 / 0.96)."""
     assert "t64x128x64_c2x1_1wg_rm" in [config_name(c) for c in pick_configs(1024, 1024, 1024)]
@@ -387,7 +378,7 @@ def test_pick_configs_offers_the_64x128_multicast_pair_at_1024_cubed():
 
 def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
     """14336 / 224 = 64 N tiles fill waves that 128- and 256-wide tiles leave part empty.
-    H200 sweeps (gemm_sweep.py, nt / nn, of cuBLAS): 64x224 c2x1 at 128x14336x4096 0.99 /
+    H200 sweeps (bench sweep, nt / nn, of cuBLAS): 64x224 c2x1 at 128x14336x4096 0.99 /
     0.95 (the best offered then 0.97 / 0.99), 128x224 c2x1 at 256x14336x4096 0.95 / 1.02
     (0.92 / 1.01) and at 1024x14336x4096 0.96 / 1.00 (0.92 / 1.00)."""
     assert "t64x224x64_c2x1_1wg_rn" in [config_name(c) for c in pick_configs(128, 14336, 4096)]
@@ -399,7 +390,7 @@ def test_pick_configs_offers_224_wide_tiles_where_n_is_14336():
 
 
 def test_pick_configs_offers_256x192_tiles_first_at_large_m_and_wide_n():
-    """H200 sweep (gemm_sweep.py --rounds 5, nt / nn, against the best offered before):
+    """H200 sweep (bench sweep --rounds 5, nt / nn, against the best offered before):
     256x192 cooperative tiles (192 accumulator registers per thread) at 8192x128256x4096
     1.03 / 1.03, 8192x14336x4096 1.03 / 1.01; at N = 4096 (22 N tiles of 192) 0.96-0.98,
     where they must not lead."""
@@ -437,10 +428,12 @@ def test_pick_configs_offers_pingpong_for_large_problems():
 
 
 @pytest.mark.parametrize("name,store", [("coop_128x256_c2x1", "tma"), ("1wg_128x64", "direct"),
-                                        ("pp_64x256", "tma"), ("splitk2_64x128", "direct")])
+                                        ("pp_64x256", "tma"), ("pp_128x128_c2x1", "direct"),
+                                        ("splitk2_64x128", "direct")])
 def test_coordinate_epilogue_compiles(name, store):
     """The GPU coordinate test's fused epilogue (per-sub-tile hook with coordinates, rows
-    and columns, the default bias path underneath) traces and compiles."""
+    and columns, the default bias path underneath) traces and compiles: a subclass's
+    ``epilogue_op`` with extra epilogue arguments, on each kind of kernel."""
     from tests.gpu.test_gemm import COORDINATE_CONFIGS, compile_coordinate_gemm
 
     cfg = dict(COORDINATE_CONFIGS[name], store=store)

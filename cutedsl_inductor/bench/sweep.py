@@ -1,16 +1,16 @@
-#!/usr/bin/env python3
-"""Sweep GEMM configs per shape: every candidate the heuristic ranks (not only the
-``config.gemm_max_configs`` it offers) plus variants of each, through the template path
-(as Inductor runs them), timed against cuBLAS in one run (bf16).
+"""``python -m cutedsl_inductor bench sweep``: GEMM configs per shape, every candidate
+the heuristic ranks (not only the ``config.gemm_max_configs`` it offers) plus variants of
+each, through the template path (as Inductor runs them), timed against cuBLAS in one run
+(bf16).
 
-    python benchmarks/gemm_sweep.py --shapes 128x4096x4096,256x4096x14336 \\
+    python -m cutedsl_inductor bench sweep --shapes 128x4096x4096,256x4096x14336 \\
         [--layouts nt,nn] [--variant tile_k=128] [--ranked 8] [--top 12] [--rounds 5]
 
 ``--swiglu`` sweeps SwiGLU's two-weight kernel instead (``silu(a @ b1) * (a @ b3)``, the
 configs ``swiglu_configs`` ranks), timed against two cuBLAS GEMMs alone.
 ``--variant key=value[,key=value...]`` (repeatable) adds, for every candidate, a copy
-with those fields replaced, where the result is a valid config; ``--ranked N`` keeps the heuristic's first
-N candidates only (and their variants).  ``--precompile`` needs no GPU: it only
+with those fields replaced, where the result is a valid config; ``--ranked N`` keeps the
+heuristic's first N candidates only (and their variants).  ``--precompile`` needs no GPU: it only
 compiles every config into the kernel cache (``CUTEDSL_INDUCTOR_CACHE_DIR``), so that
 a GPU run with the same cache only times.  Per shape and layout the GPU run prints the
 ``--top`` fastest configs with TFLOP/s, the ratio to cuBLAS and the heuristic's rank
@@ -29,33 +29,34 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import os
 import statistics
-import sys
 from typing import Any
 
 import torch
+from torch._inductor import ir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from cutedsl_inductor import config  # noqa: E402
-from cutedsl_inductor.bench.gemm import checked_run, operands, parse_shapes  # noqa: E402
-from cutedsl_inductor.bench.timing import clock_and_power, interleaved_ms  # noqa: E402
-from cutedsl_inductor.templates.gemm.config import GemmConfig, config_error  # noqa: E402
-from cutedsl_inductor.templates.gemm.heuristic import pick_configs, swiglu_configs  # noqa: E402
-
+from .. import config
+from ..autotune.scratch import scratch_graph
+from ..templates.gemm.config import GemmConfig, config_error
+from ..templates.gemm.heuristic import pick_configs, swiglu_configs
+from ..templates.gemm.template import gemm_choices, swiglu_choices
+from .args import parse_count, parse_layouts, parse_rounds, parse_shapes
+from .gemm import checked_run, operands
+from .timing import clock_and_power, interleaved_ms
 
 
 def parse_variant(text: str) -> dict[str, Any]:
     """``"tile_n=224,tile_k=64"`` -> ``{"tile_n": 224, "tile_k": 64}`` (values as Python
-    literals, else strings)."""
+    literals, else strings; keys: ``GemmConfig``'s fields)."""
     fields = {}
+    known = [field.name for field in dataclasses.fields(GemmConfig)]
     for item in text.split(","):
         key, _, value = item.partition("=")
         if not key or not value:
             raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        if key not in known:
+            raise argparse.ArgumentTypeError(
+                f"{key!r} is not a GEMM config field (one of {', '.join(known)})")
         try:
             fields[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -91,11 +92,6 @@ def sweep_choices(m: int, n: int, k: int, layout: str, variants: list[dict[str, 
                   ranked_limit: int, swiglu: bool = False
                   ) -> list[tuple[GemmConfig, int | None, Any]]:
     """(config, rank, template choice) for the configs the kernel can run here."""
-    from torch._inductor import ir
-
-    from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.gemm.template import gemm_choices, swiglu_choices
-
     b_stride = (1, k) if layout == "nt" else (n, 1)
     out = []
     with scratch_graph() as scratch:
@@ -158,40 +154,38 @@ def print_clocks(fns: dict[str, Any]) -> None:
         print(f"  {name:36s} SM {mhz:5.0f} MHz {watts:4.0f} W")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", type=parse_shapes, required=True, metavar="MxNxK,...")
-    parser.add_argument("--layouts", default="nt")
+    parser.add_argument("--layouts", type=parse_layouts, default=["nt"], metavar="nt,nn")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
-                        metavar="KEY=VALUE")
-    parser.add_argument("--ranked", type=int, default=10_000, metavar="N",
+                        metavar="KEY=VALUE,...",
+                        help="also every candidate with these fields (repeatable)")
+    parser.add_argument("--ranked", type=parse_count, default=10_000, metavar="N",
                         help="only the heuristic's first N candidates (and their variants)")
-    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--top", type=parse_count, default=12, metavar="N",
+                        help="print the N fastest configs per shape")
     parser.add_argument("--clocks", type=int, default=0, metavar="N",
                         help="SM clock and power of cuBLAS and the N fastest configs")
-    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+    parser.add_argument("--rounds", type=parse_rounds, default=1, metavar="N",
                         help="time cuBLAS and every config in turn, N rounds (medians)")
     parser.add_argument("--swiglu", action="store_true",
                         help="the two-weight kernel, against two cuBLAS GEMMs")
     parser.add_argument("--precompile", action="store_true",
                         help="compile every config into the kernel cache (no GPU needed)")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if not args.precompile and not torch.cuda.is_available():
-        print("needs a CUDA GPU (or --precompile)")
+        print("bench sweep needs an sm_90 GPU (or --precompile)")
         return 2
     failures = 0
     with config.patch(arch="sm_90a", disk_cache=True):
         for m, n, k in args.shapes:
-            for layout in args.layouts.split(","):
+            for layout in args.layouts:
                 entries = sweep_choices(m, n, k, layout, args.variant, args.ranked,
                                         args.swiglu)
                 if args.precompile:
-                    for cfg, _, choice in entries:
-                        try:
-                            choice.load()
-                        except Exception as err:
-                            failures += 1
-                            print(f"  FAILED {cfg.name}: {type(err).__name__}: {err}")
+                    failures += precompile(entries)
                     print(f"{m}x{n}x{k} {layout}: {len(entries)} configs compiled or cached")
                 else:
                     failures += time_choices(m, n, k, layout, entries, args.top, args.swiglu,
@@ -200,5 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def precompile(entries: list[tuple[GemmConfig, int | None, Any]]) -> int:
+    """Build (or find in the cache) every entry's kernel; return how many failed."""
+    failures = 0
+    for cfg, _, choice in entries:
+        try:
+            choice.load()
+        except Exception as err:  # a failing config is reported, the others go on
+            failures += 1
+            print(f"  FAILED {cfg.name}: {type(err).__name__}: {err}")
+    return failures

@@ -1,6 +1,7 @@
-"""Launch overhead and compile/warm-start times on a GPU (issues: core, compile-once).
+"""``python -m cutedsl_inductor bench launch``: launch overhead and compile/warm-start
+times on a GPU.
 
-    python benchmarks/launch_overhead.py [--out DIR]
+    python -m cutedsl_inductor bench launch [--out DIR] [--steady-only]
 
 Prints, measured in one run:
   * host µs per call, steady state, 2048x2048 float32 add: ``CuteDSLKernelWrapper.run``,
@@ -16,6 +17,7 @@ adds one synchronize at the end (so it includes GPU time when the GPU is the bot
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -28,9 +30,17 @@ from pathlib import Path
 from unittest.mock import patch
 
 import torch
+from torch._inductor.codegen.common import device_codegens
+from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+from torch._inductor.lowering import lowerings
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ..autotune.scratch import scratch_graph
+from ..template.template import CuteDSLTemplate
+from ..templates.elementwise import ADD_SOURCE, UPSTREAM_ADD_SOURCE, add_template
+from .args import output_folder
+
+# the folder holding the package, for the measuring processes (which import it)
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def per_call_us(fn, calls: int = 400, rounds: int = 7) -> tuple[float, float]:
@@ -52,8 +62,6 @@ def per_call_us(fn, calls: int = 400, rounds: int = 7) -> tuple[float, float]:
 
 
 def lowering_patch(template, **params):
-    from torch._inductor.lowering import lowerings
-
     def lower(a, b):
         choices = []
         err = template.maybe_append_choice(choices, input_nodes=[a, b],
@@ -66,13 +74,6 @@ def lowering_patch(template, **params):
 
 
 def steady_state_rows() -> list[tuple[str, float, float]]:
-    import cutedsl_inductor  # noqa: F401  (registers the scheduling)
-    from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.elementwise import add_template
-
-    from cutedsl_inductor import CuteDSLTemplate
-    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
-
     symbolic_add = CuteDSLTemplate("bench_add_symbolic", ADD_SOURCE, symbolic_shapes=True)
     x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
     out = torch.empty_like(x)
@@ -106,18 +107,12 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
 
 def upstream_rows(x, y) -> list[tuple[str, float, float]]:
     """Upstream's in-tree CuteDSL (torch 2.11+), for comparison only."""
-    try:
+    try:  # optional: torch's own CuteDSL templates
         from torch._inductor.codegen.cutedsl.cutedsl_template import CuteDSLTemplate as Upstream
     except Exception as err:
         print(f"(upstream CuteDSL not importable: {err})")
         return []
-    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
-
-    saved = dict(torch._inductor.codegen.common.device_codegens)
-    from torch._inductor.codegen.common import device_codegens
-    from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
-    import dataclasses
-
+    saved = dict(device_codegens)
     device_codegens["cuda"] = dataclasses.replace(device_codegens["cuda"],
                                                   scheduling=CUDACombinedScheduling)
     try:
@@ -128,7 +123,8 @@ def upstream_rows(x, y) -> list[tuple[str, float, float]]:
         ):
             fn = torch.compile(lambda p, q: p + q)
             fn(x, y)
-        return [("compiled graph, upstream in-tree CuteDSL", *per_call_us(lambda: fn(x, y), calls=20, rounds=3))]
+        return [("compiled graph, upstream in-tree CuteDSL",
+                 *per_call_us(lambda: fn(x, y), calls=20, rounds=3))]
     finally:
         device_codegens.update(saved)
 
@@ -177,7 +173,7 @@ def startup_rows() -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
                "CUTEDSL_INDUCTOR_CACHE_DIR": f"{tmp}/kernels", "PYTHONPATH":
-               f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+               f"{PACKAGE_PARENT}:{os.environ.get('PYTHONPATH', '')}"}
         results = {}
         for phase, script in (("cold", STARTUP_SCRIPT), ("warm", STARTUP_SCRIPT),
                               ("fill", LOAD_SCRIPT), ("load", LOAD_SCRIPT)):
@@ -190,37 +186,38 @@ def startup_rows() -> dict[str, dict]:
         return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=None)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=output_folder, help="folder for launch_overhead.json")
     parser.add_argument("--steady-only", action="store_true", help="skip the startup runs")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("bench launch needs a CUDA GPU")
+        return 2
     rows = steady_state_rows()
     startup = {} if args.steady_only else startup_rows()
-    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} {'sync us/call':>12s}")
+    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} "
+          f"{'sync us/call':>12s}")
     for name, host, wall in rows:
         print(f"{name:44s} {host:12.1f} {wall:12.1f}")
     triton = next(r for r in rows if "Triton" in r[0])
     ours = next(r for r in rows if "CuteDSL kernel" in r[0])
     print(f"{'ratio in-graph CuteDSL / Triton (host)':44s} {ours[1] / triton[1]:12.2f}")
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "launch_overhead.json").write_text(
+        (args.out / "launch_overhead.json").write_text(
             json.dumps({"rows": rows, "startup": startup}, indent=1))
     if not startup:
-        return
+        return 0
     print("\nthree-choice autotuned example (max-autotune), new process each:")
     for phase in ("cold", "warm"):
         r = startup[phase]
-        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process {r['process_s']:.2f} s,"
-              f" of which import cutlass {r['import_cutlass_s']:.2f} s), CuTe compilations "
-              f"{r['compiled']}, kernels loaded from disk {r['disk_hits']}")
+        print(f"  {phase}: first result {r['first_result_s']:.2f} s (process "
+              f"{r['process_s']:.2f} s, of which import cutlass {r['import_cutlass_s']:.2f} s), "
+              f"CuTe compilations {r['compiled']}, kernels loaded from disk {r['disk_hits']}")
     load = startup["load"]
     rest = sorted(load["load_ms"][1:])
     print(f"loading {len(load['load_ms'])} cached kernels in a new process: compilations "
           f"{load['compiled']}, first {load['load_ms'][0]:.1f} ms (one-time runtime libraries),"
           f" then median {rest[len(rest) // 2]:.2f} ms, max {rest[-1]:.2f} ms per kernel")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
