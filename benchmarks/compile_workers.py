@@ -26,8 +26,9 @@ from torch._inductor import ir  # noqa: E402
 from cutedsl_inductor import config  # noqa: E402
 from cutedsl_inductor.autotune.scratch import scratch_graph  # noqa: E402
 from cutedsl_inductor.bench.args import parse_shapes  # noqa: E402
-from cutedsl_inductor.compile import compiler, workers  # noqa: E402
-from cutedsl_inductor.templates.gemm.template import gemm_choices  # noqa: E402
+from cutedsl_inductor.compile import compiler  # noqa: E402
+from cutedsl_inductor.runtime import workers  # noqa: E402
+from cutedsl_inductor.kernels.gemm.template import gemm_choices  # noqa: E402
 
 
 def precompile_seconds(shapes: list[tuple[int, int, int]], workers_count: int

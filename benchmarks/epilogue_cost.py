@@ -38,11 +38,17 @@ import torch.nn.functional as F
 from torch._inductor.codecache import PyCodeCache
 
 from cutedsl_inductor import config
+from cutedsl_inductor.autotune.timing import median_ms
 from cutedsl_inductor.bench.args import parse_rounds, parse_shapes
-from cutedsl_inductor.bench.lowering import kernel_definitions, load_kernels, lowered, virtual_sm90
-from cutedsl_inductor.bench.timing import clock_and_power, median_ms
-from cutedsl_inductor.templates.gemm import template
-from cutedsl_inductor.templates.gemm.config import GemmConfig
+from cutedsl_inductor.bench.lowering import (
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    virtual_sm90,
+)
+from cutedsl_inductor.bench.timing import clock_and_power
+from cutedsl_inductor.kernels.gemm import template
+from cutedsl_inductor.kernels.gemm.config import GemmConfig
 
 BLOCKS = {
     "mm": lambda x, w, b, r: x @ w.t(),

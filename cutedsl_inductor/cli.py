@@ -23,15 +23,19 @@ import sys
 
 import torch
 
-from . import __version__
-from .autotune.precompile import BUILTIN_TEMPLATES
+from . import config, demo
 from .bench import epilogue as bench_epilogue
 from .bench import gemm as bench_gemm
 from .bench import launch as bench_launch
 from .bench import model as bench_model
 from .bench import sweep as bench_sweep
 from .bench.args import parse_shapes
-from .compile.compiler import toolchain_versions
+from .compile import compiler, decisions, remote_cache, versions
+from .compile.compiler import check_cute_arch
+from .compile.disk_cache import default_cache
+from .exc import ConfigError
+from .precompile import BUILTIN_TEMPLATES, precompile
+from .version import __version__
 
 BENCHES = {
     "gemm": (bench_gemm, "our GEMM against cuBLAS and Inductor's best Triton template"),
@@ -46,9 +50,6 @@ BENCHES = {
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from .compile import decisions
-    from .compile.disk_cache import default_cache
-
     cache = default_cache()
     mode = cache.mode
     if args.action == "clear":
@@ -81,9 +82,6 @@ def _cache(args: argparse.Namespace) -> int:
 def cache_tiers() -> list[str]:
     """The tiers: tuning decisions stored locally, the remote tier (reachable or not) and
     this process's hits and misses in each (call it from a job to see its own)."""
-    from . import config
-    from .compile import compiler, decisions, remote_cache
-
     lines = [f"decisions: {len(decisions.entries())} (tuning decisions)"]
     tier = remote_cache.default_tier()
     if not config.remote_cache:
@@ -109,9 +107,6 @@ def cache_tiers() -> list[str]:
 
 def _arch(text: str) -> str:
     """``--arch``: an arch CuTe DSL compiles for, checked before anything compiles."""
-    from .compile.compiler import check_cute_arch
-    from .exc import ConfigError
-
     try:
         return check_cute_arch(text, "--arch")
     except ConfigError as err:
@@ -135,17 +130,13 @@ def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    from .autotune.precompile import precompile
-
     summary = precompile(args.arch, args.templates, args.gemm_shapes)
     print(summary)
     return 1 if summary.failed else 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main
-
-    return main()
+    return demo.main()
 
 
 class _Version(argparse.Action):
@@ -155,9 +146,9 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        versions = toolchain_versions()
+        found = versions.toolchain_versions()
         print(f"cutedsl-inductor {__version__} (torch {torch.__version__}, nvidia-cutlass-dsl "
-              f"{versions['nvidia-cutlass-dsl']}, apache-tvm-ffi {versions['apache-tvm-ffi']})")
+              f"{found['nvidia-cutlass-dsl']}, apache-tvm-ffi {found['apache-tvm-ffi']})")
         parser.exit()
 
 

@@ -16,6 +16,8 @@ import torch
 
 from .compile import compiler
 from .compile.disk_cache import default_cache
+from .kernels.elementwise import register_add_op
+from .precompile import precompile
 
 
 def _show_cache() -> None:
@@ -28,8 +30,6 @@ def _show_cache() -> None:
 
 
 def demo_gpu() -> None:
-    from .templates.elementwise import register_add_op
-
     register_add_op()
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -49,8 +49,6 @@ def demo_gpu() -> None:
 
 
 def demo_cpu() -> None:
-    from .autotune.precompile import precompile
-
     print("No CUDA GPU here: compiling the same CuteDSL template choices for sm_90a "
           "without a GPU (real CuTe DSL compiler, real cubins).")
     summary = precompile("sm_90a", templates=("elementwise",))

@@ -5,7 +5,11 @@ import contextlib
 import torch
 
 from cutedsl_inductor.bench.lowering import (  # noqa: F401 (the tests' helpers too)
-    kernel_definitions, load_kernels, lowered, virtual_sm90_patches)
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    virtual_sm90_patches,
+)
 
 
 def make_input(graph, name, shape, dtype=torch.float32, stride=None, offset=0):
@@ -52,8 +56,8 @@ def compile_residual_gemm(cfg, dump_dir=None):
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+    from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     class ResidualGemm(Sm90Gemm):
         @cute.jit

@@ -243,8 +243,8 @@ def test_bench_shards_are_checked_before_any_run(tmp_path):
 def test_bench_epilogue_names_the_gemm_configs_of_output_code():
     from cutedsl_inductor.bench.epilogue import gemm_configs
     from cutedsl_inductor.inductor.scheduling import kernel_definition
-    from cutedsl_inductor.templates.gemm.config import GemmConfig
-    from cutedsl_inductor.templates.gemm.template import _params
+    from cutedsl_inductor.kernels.gemm.config import GemmConfig
+    from cutedsl_inductor.kernels.gemm.template import _params
 
     coop = dict(tile_m=128, tile_n=256, cluster_m=2, cooperative=True)
     split = dict(tile_m=64, tile_n=128, cooperative=False, split_k=2)

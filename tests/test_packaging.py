@@ -4,10 +4,10 @@ license, a warning under an untested torch, no phony target without a recipe."""
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import cutedsl_inductor
 

@@ -29,12 +29,15 @@ from typing import Any, Callable
 
 import torch
 from torch._inductor.autotune_process import (
-    BenchmarkRequest, GPUDeviceBenchmarkMixin, TensorMeta,
+    BenchmarkRequest,
+    GPUDeviceBenchmarkMixin,
+    TensorMeta,
 )
 
 from .. import config
 from ..compile.compiler import target_arch
 from ..compile.specs import ArgSpec
+from ..runtime.loader import load_kernel
 
 # On the H200 one timing of a 64x64x128 c2x1 addmm choice at 128x4096x4096 read
 # 0.0355 ms where that kernel runs in 0.016-0.018 (0.0183 with relu(.)*s+r fused), which
@@ -89,8 +92,6 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
 
     def load(self) -> Any:
         """The kernel's wrapper, built as the requesting process would build it."""
-        from ..runtime.loader import load_kernel
-
         with config.patch(**self.knobs):
             return load_kernel(self.kernel_name, self.source, self.specs,
                                template=self.template, params=self.params)

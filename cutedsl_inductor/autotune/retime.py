@@ -6,7 +6,7 @@ the GPU's clock drifts under the power cap meanwhile, so choices within 2-3% of 
 other are ranked by when they ran as much as by their speed. On the H200, SwiGLU at
 1024x128256x4096 took a 128x128 kernel that one pass timed 2% ahead of a 256x96 one,
 which five interleaved rounds had 3-7% behind. ``fastest_in_rounds`` times a few
-candidates in turn, ``RETIME_ROUNDS`` rounds (``bench.timing.fastest_by_median``, as the
+candidates in turn, ``RETIME_ROUNDS`` rounds (``timing.fastest_by_median``, as the
 benchmarks do), the median round counting; a repeat of the same candidates at the same
 sizes (a model's next layer) takes the first one's winner untimed, and so does a later
 process, on this machine or another with the same GPU and software: each winner is kept
@@ -29,8 +29,9 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from .. import config
-from ..bench.timing import fastest_by_median
 from ..compile import decisions
+from ..compile.compiler import target_arch
+from .timing import fastest_by_median
 
 # Interleaved timing rounds of retimed candidates (their median counts).
 RETIME_ROUNDS = 3
@@ -88,8 +89,6 @@ def winner_key(key: tuple) -> str:
     torch and CUDA, for the target arch and compile options (the candidates' names may not
     say them; ``decision_key`` adds the toolchain versions)."""
     import torch
-
-    from ..compile.compiler import target_arch
 
     device = torch.cuda.get_device_properties()  # the current device's
     return decisions.decision_key("retime", {

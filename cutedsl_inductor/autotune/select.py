@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch._inductor import select_algorithm
+
+from .. import config
+from .benchmark_request import CuteDSLBenchmarkRequest
+
 
 def autotune_select_algorithm(name: str, choices: list[Any], input_nodes: list[Any],
                               layout: Any, **kwargs: Any) -> Any:
     """Inductor's ``autotune_select_algorithm``; with no choice left, its
     ``NoValidChoicesError`` says so (Inductor's own has no message)."""
-    from torch._inductor import select_algorithm
-
     if not choices:
         raise select_algorithm.NoValidChoicesError(
             f"no choice to select from for {name!r}: every CuteDSL choice was dropped (the "
@@ -38,11 +41,9 @@ def autotune_select_algorithm(name: str, choices: list[Any], input_nodes: list[A
 
 def settle_clocks_first(choices: list[Any]) -> list[Any]:
     """``choices`` with our first choice moved to the front and marked to settle the
-    clock before its timing (unchanged without one, or with the knob at 0)."""
-    from .. import config
-    from ..template.caller import CuteDSLTemplateCaller
-
-    ours = [c for c in choices if isinstance(c, CuteDSLTemplateCaller)]
+    clock before its timing (unchanged without one, or with the knob at 0). Ours are
+    the choices whose benchmark request is a ``CuteDSLBenchmarkRequest``."""
+    ours = [c for c in choices if isinstance(getattr(c, "bmreq", None), CuteDSLBenchmarkRequest)]
     if not ours or config.autotune_settle_ms <= 0:
         return choices
     ours[0].bmreq.settle_ms = config.autotune_settle_ms
@@ -51,8 +52,6 @@ def settle_clocks_first(choices: list[Any]) -> list[Any]:
 
 def install_clock_settling() -> None:
     """Add ``settle_clocks_first`` to Inductor's autotuning preprocessing (idempotent)."""
-    from torch._inductor import select_algorithm
-
     cache = select_algorithm.get_algorithm_selector_cache()
     if settle_clocks_first not in cache.preprocessing_fns:
         select_algorithm.add_preprocessing_fn(settle_clocks_first)

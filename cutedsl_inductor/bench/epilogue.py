@@ -47,9 +47,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
+from ..autotune.timing import interleaved_ms
 from .args import output_folder, parse_rounds, parse_shapes, parse_shard
 from .gemm import LLM_NK, ROUNDS
-from .timing import captured, interleaved_ms, tflops_and_ratios
+from .timing import captured, tflops_and_ratios
 
 SHAPES = [(m, n, k) for m in (128, 1024, 8192) for n, k in LLM_NK]
 QUICK = [(128, 4096, 4096), (8192, 4096, 4096)]

@@ -30,10 +30,19 @@ from typing import Any
 
 import torch
 
-from ..compile.compiler import toolchain_versions
-from .args import one_of, output_folder, parse_layouts, parse_rounds, parse_shapes, parse_shard
+from ..autotune.scratch import scratch_graph
+from ..autotune.timing import fastest_by_median, interleaved_ms
+from ..compile import versions
+from .args import (
+    one_of,
+    output_folder,
+    parse_layouts,
+    parse_rounds,
+    parse_shapes,
+    parse_shard,
+)
 from .gemm_plot import geomean, write_plot
-from .timing import fastest_by_median, interleaved_ms, tflops_and_ratios
+from .timing import tflops_and_ratios
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -77,8 +86,8 @@ def ours_best(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, str]:
     would run at the clock an idle GPU boosts to)."""
     from torch._inductor import ir
 
-    from ..autotune.scratch import scratch_graph
-    from ..templates.gemm.template import gemm_choices
+    # lazily: the kernel's modules import cutlass, which `bench --help` need not load
+    from ..kernels.gemm.template import gemm_choices
 
     m, n = a.shape[0], b.shape[1]
     with scratch_graph() as scratch:
@@ -173,7 +182,7 @@ ROUNDS = 5
 def setup() -> dict[str, str]:
     """The GPU and versions measured on (the CSV's setup columns)."""
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cute_dsl=toolchain_versions()["nvidia-cutlass-dsl"])
+                cute_dsl=versions.toolchain_versions()["nvidia-cutlass-dsl"])
 
 
 def measure_row(m: int, n: int, k: int, dt: str, layout: str, with_triton: bool,

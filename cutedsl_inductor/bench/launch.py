@@ -35,8 +35,8 @@ from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedSchedul
 from torch._inductor.lowering import lowerings
 
 from ..autotune.scratch import scratch_graph
+from ..kernels.elementwise import ADD_SOURCE, UPSTREAM_ADD_SOURCE, add_template
 from ..template.template import CuteDSLTemplate
-from ..templates.elementwise import ADD_SOURCE, UPSTREAM_ADD_SOURCE, add_template
 from .args import output_folder
 
 # the folder holding the package, for the measuring processes (which import it)
@@ -108,7 +108,9 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
 def upstream_rows(x, y) -> list[tuple[str, float, float]]:
     """Upstream's in-tree CuteDSL (torch 2.11+), for comparison only."""
     try:  # optional: torch's own CuteDSL templates
-        from torch._inductor.codegen.cutedsl.cutedsl_template import CuteDSLTemplate as Upstream
+        from torch._inductor.codegen.cutedsl.cutedsl_template import (
+            CuteDSLTemplate as Upstream,
+        )
     except Exception as err:
         print(f"(upstream CuteDSL not importable: {err})")
         return []
@@ -138,7 +140,7 @@ STARTUP_SCRIPT = textwrap.dedent("""
     import_cutlass_s = time.perf_counter() - t
     import cutedsl_inductor
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import register_add_op
+    from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
     torch.cuda.synchronize()
@@ -157,7 +159,7 @@ LOAD_SCRIPT = textwrap.dedent("""
     import torch, cutlass
     from cutedsl_inductor.autotune.scratch import scratch_graph
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import precompile_choices
+    from cutedsl_inductor.kernels.elementwise import precompile_choices
     with scratch_graph() as scratch:
         choices = precompile_choices(scratch)
     times = []

@@ -37,12 +37,13 @@ from torch._inductor import ir
 
 from .. import config
 from ..autotune.scratch import scratch_graph
-from ..templates.gemm.config import GemmConfig, config_error
-from ..templates.gemm.heuristic import pick_configs, swiglu_configs
-from ..templates.gemm.template import gemm_choices, swiglu_choices
+from ..autotune.timing import interleaved_ms
+from ..kernels.gemm.config import GemmConfig, config_error
+from ..kernels.gemm.heuristic import pick_configs, swiglu_configs
+from ..kernels.gemm.template import gemm_choices, swiglu_choices
 from .args import parse_count, parse_layouts, parse_rounds, parse_shapes
 from .gemm import checked_run, operands
-from .timing import clock_and_power, interleaved_ms
+from .timing import clock_and_power
 
 
 def parse_variant(text: str) -> dict[str, Any]:

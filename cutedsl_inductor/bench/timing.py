@@ -1,14 +1,6 @@
-"""Timing shared by the benchmarks: medians of ``triton.testing.do_bench`` (CUDA events
-around queued launches) or, with ``cuda_graph=True``, of ``do_bench_cudagraph`` (the
-calls captured in a CUDA graph and replayed: GPU time only, as under
-``torch.compile(mode="max-autotune")``, whatever the host cost per call).
-
-``interleaved_ms`` compares several functions: it times each once per round, in turn,
-so that the GPU's clock and temperature drifting over a run reach every function alike,
-and keeps every round's median (their median is the figure; their spread shows how far
-one comparison moves between rounds); ``fastest_by_median`` picks the fastest by its
-median round; ``tflops_and_ratios`` turns the rounds into the benchmarks' rates and ratio
-ranges.
+"""Timing for the benchmarks, on top of ``autotune/timing.py`` (the medians and
+interleaved rounds that autotuning's retiming uses too): ``tflops_and_ratios`` turns the
+rounds into the benchmarks' rates and ratio ranges.
 
 ``captured`` records a call of a function in a CUDA graph, so that functions compiled
 under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
@@ -25,32 +17,6 @@ import statistics
 import subprocess
 import time
 from typing import Any
-
-
-def median_ms(fn: Any, cuda_graph: bool = False, rep: int = 100) -> float:
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    if cuda_graph:
-        return do_bench_cudagraph(fn, rep=rep, return_mode="median")
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def interleaved_ms(fns: dict[Any, Any], rounds: int, rep: int = 50) -> dict[Any, list[float]]:
-    """Per name of ``fns``, the ``do_bench`` median (``rep`` ms of calls) of each of
-    ``rounds`` rounds, every round timing the functions in the order given."""
-    times: dict[Any, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(median_ms(fn, rep=rep))
-    return times
-
-
-def fastest_by_median(fns: dict[Any, Any], rounds: int) -> tuple[Any, dict[Any, float]]:
-    """The name of the fastest of ``fns`` by median ``interleaved_ms`` round, and each
-    one's median round (ms)."""
-    medians = {name: statistics.median(per_round)
-               for name, per_round in interleaved_ms(fns, rounds).items()}
-    return min(medians, key=medians.__getitem__), medians
 
 
 def tflops_and_ratios(times: dict[str, list[float]], flops: float,

@@ -2,7 +2,8 @@
 (``torch.compiler.save_cache_artifacts()`` / ``load_cache_artifacts()``).
 
 Every cache records what it made or used in this process with Inductor's
-``CacheArtifactManager``, and ``save_cache_artifacts`` serializes it all. ``record`` adds
+``CacheArtifactManager``, and ``save_cache_artifacts`` serializes it all.
+``portable.record_artifact`` adds
 each kernel this process compiled or loaded (from either tier) and each tuning decision it
 made or reused, as a portable entry (``portable.py``: verified on arrival; sealed under
 the fleet secret where one is configured). ``load_cache_artifacts`` calls each artifact's
@@ -28,14 +29,15 @@ import logging
 import re
 from typing import Any
 
-from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
+from torch.compiler._cache import CacheArtifact, CacheArtifactFactory
 
 from ..exc import PortableEntryError
-from .portable import fleet_secret, pack, unpack
+from . import decisions
+from .disk_cache import MANIFEST_FIELDS, default_cache
+from .portable import ARTIFACT_TYPE, fleet_secret, unpack
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_TYPE = "cutedsl_inductor (import cutedsl_inductor before load_cache_artifacts)"
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
@@ -67,26 +69,8 @@ class CuteDSLCacheArtifact(CacheArtifact):
 
 
 def _store(header: dict[str, Any], payload: bytes, key: str) -> None:
-    from . import decisions
-    from .disk_cache import MANIFEST_FIELDS, default_cache
-
     if header["kind"] == "decision":
         decisions.store_verified(key, payload)
         return
     with default_cache().entry(key) as entry:
         entry.store(payload, {name: header.get(name) for name in MANIFEST_FIELDS})
-
-
-def record(kind: str, key: str, payload: bytes, fields: dict[str, Any]) -> None:
-    """Add an entry to what ``torch.compiler.save_cache_artifacts()`` will carry."""
-    blob = pack(kind, key, payload, fields, _secret_or_none())
-    CacheArtifactManager.record_artifact(ARTIFACT_TYPE, key, blob)
-
-
-def _secret_or_none() -> bytes | None:
-    """The fleet secret to seal with; None where there is none or it cannot be read (the
-    remote tier says so): unsealed entries are refused where the loader has a secret."""
-    try:
-        return fleet_secret()
-    except OSError:
-        return None

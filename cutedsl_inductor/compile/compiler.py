@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import config
 from ..exc import ConfigError, KernelCompileError, format_params
+from . import versions
+from .disk_cache import default_cache, export_object, manifest_fields
+from .portable import record_artifact
+from .remote_cache import default_tier
 from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)
@@ -50,27 +52,9 @@ stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "disk_misses": 0, "rem
                            "memory_hits": 0, "disk_load_s": 0.0}
 
 
-def source_tree_hash(root: Path) -> str:
-    """sha256 over the relative paths and contents of every ``*.py`` under ``root``."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-@functools.cache
-def toolchain_versions() -> dict[str, str]:
-    from .. import __version__
-
-    versions = {"cutedsl_inductor": __version__,
-                "cutedsl_inductor sources": source_tree_hash(Path(__file__).resolve().parents[1])}
-    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = "absent"
-    return versions
+def entry_name(kernel_name: str) -> str:
+    """The name of a kernel's entry point in its module (``config.entry_suffix``)."""
+    return f"{kernel_name}_{config.entry_suffix}"
 
 
 def target_arch() -> str:
@@ -109,7 +93,7 @@ def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str
         "specs": specs_key(specs),
         "arch": arch,
         "options": config.compile_options,
-        "versions": toolchain_versions(),
+        "versions": versions.toolchain_versions(),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -158,10 +142,6 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
                     describe: dict[str, Any]) -> tuple[Any, str]:
     """From the disk cache, else the remote tier (stored on disk), else compiled (stored
     and published); each recorded for torch.compile's cache artifacts."""
-    from . import artifacts
-    from .disk_cache import default_cache, export_object, manifest_fields
-    from .remote_cache import default_tier
-
     fields = manifest_fields(describe | {"arch": arch})
     with default_cache().entry(key) as entry:
         start = time.perf_counter()
@@ -169,7 +149,7 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
         if loaded is not None:
             stats["disk_hits"] += 1
             stats["disk_load_s"] += time.perf_counter() - start
-            artifacts.record("kernel", key, loaded.data, loaded.fields)
+            record_artifact("kernel", key, loaded.data, loaded.fields)
             return loaded.function, "disk"
         stats["disk_misses"] += 1
         tier = default_tier()
@@ -183,7 +163,7 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
                             err)
             else:
                 stats["remote_hits"] += 1
-                artifacts.record("kernel", key, fetched[1], fields)
+                record_artifact("kernel", key, fetched[1], fields)
                 return function, "remote"
         compiled = _compile(entry_fn, specs, arch, describe)
         data = export_object(compiled, key)
@@ -191,7 +171,7 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
             entry.store(data, fields)
             if tier is not None:
                 tier.publish("kernel", key, data, fields)
-            artifacts.record("kernel", key, data, fields)
+            record_artifact("kernel", key, data, fields)
         return compiled, "compiled"
 
 

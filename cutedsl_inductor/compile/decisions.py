@@ -25,9 +25,12 @@ import re
 import time
 from typing import Any
 
+from . import versions
 from .cache_files import Folder
 from .disk_cache import default_cache
 from .integrity import check_seal, seal
+from .portable import record_artifact
+from .remote_cache import default_tier
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +43,13 @@ stats: dict[str, int] = {"local_hits": 0, "remote_hits": 0, "misses": 0, "saved"
 
 
 def decision_key(kind: str, material: Any) -> str:
-    from .compiler import toolchain_versions
-
-    text = json.dumps({"kind": kind, "material": material, "versions": toolchain_versions()},
+    text = json.dumps({"kind": kind, "material": material, "versions": versions.toolchain_versions()},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def lookup(key: str) -> Any | None:
     """The decision stored for ``key`` locally or remotely, or None."""
-    from . import artifacts
-    from .remote_cache import default_tier
-
     value = _read(key)
     if value is not None:
         stats["local_hits"] += 1
@@ -64,20 +62,17 @@ def lookup(key: str) -> Any | None:
             return None
         stats["remote_hits"] += 1
         _write(key, value)
-    artifacts.record("decision", key, _payload(value), {})
+    record_artifact("decision", key, _payload(value), {})
     return value
 
 
 def save(key: str, value: Any) -> None:
     """Keep ``value`` for ``key`` locally and remotely, and in the cache artifacts."""
-    from . import artifacts
-    from .remote_cache import default_tier
-
     _write(key, value)
     tier = default_tier()
     if tier is not None:
         tier.publish("decision", key, _payload(value), {})
-    artifacts.record("decision", key, _payload(value), {})
+    record_artifact("decision", key, _payload(value), {})
     stats["saved"] += 1
 
 

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 from .. import config
 from ..exc import CacheEntryError
+from . import versions
 from .cache_files import Folder, make_dirs, private_dir
 from .integrity import check_seal, read_secret, seal
 
@@ -343,8 +344,6 @@ class Entry:
 
     def store(self, data: bytes, fields: dict[str, Any]) -> None:
         """Store the object ``data`` here with its manifest, if the lock is held."""
-        from .compiler import toolchain_versions
-
         if not self.held:
             return
         manifest = {
@@ -352,7 +351,7 @@ class Entry:
             "key": self.key,
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
-            "versions": toolchain_versions(),
+            "versions": versions.toolchain_versions(),
             "created": time.time(),
             **{name: fields.get(name) for name in MANIFEST_FIELDS},
         }

@@ -4,7 +4,7 @@ cache artifacts carry, each verified on arrival without trusting its carrier.
 An entry is ``MAGIC``, a header (one line of JSON) and the payload (a kernel's TVM-FFI
 object file, or a tuning decision's JSON). The header names the entry's kind and the key
 it was made for, the payload's size and sha256, the toolchain versions
-(``compiler.toolchain_versions``), a kernel's manifest fields (kernel, template, arch,
+(``versions.toolchain_versions``), a kernel's manifest fields (kernel, template, arch,
 params, signature) and, where the fleet has a secret, "mac": the HMAC of the header
 under it.
 
@@ -39,12 +39,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torch.compiler._cache import CacheArtifactManager
+
 from .. import config
 from ..exc import PortableEntryError
+from . import versions
 from .integrity import check_seal, seal
 
 MAGIC = b"cutedsl-inductor portable entry 1\n"
 KINDS = ("kernel", "decision")
+# torch.compile's cache artifacts of our entries (``artifacts.py`` reads them); the name
+# says what a process that cannot read them must do
+ARTIFACT_TYPE = "cutedsl_inductor (import cutedsl_inductor before load_cache_artifacts)"
 MAX_HEADER_BYTES = 1 << 16
 MAX_PAYLOAD_BYTES = 64 << 20  # kernel objects take tens of KB to a few MB
 MAX_ENTRY_BYTES = len(MAGIC) + MAX_HEADER_BYTES + 1 + MAX_PAYLOAD_BYTES
@@ -72,10 +78,8 @@ def _read_secret(path: Path) -> bytes:
 def pack(kind: str, key: str, payload: bytes, fields: dict[str, Any],
          secret: bytes | None) -> bytes:
     """The portable entry of ``payload`` (sealed under ``secret`` where given)."""
-    from .compiler import toolchain_versions
-
     header = {**fields, "kind": kind, "key": key, "size": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest(), "versions": toolchain_versions()}
+              "sha256": hashlib.sha256(payload).hexdigest(), "versions": versions.toolchain_versions()}
     if secret is not None:
         header["mac"] = seal(secret, header)
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
@@ -107,8 +111,6 @@ def unpack(blob: Any, key: str, source: str, secret: bytes | None,
 
 def _check(header: dict[str, Any], payload: bytes, key: str, kind: str | None,
            secret: bytes | None, refused: Any) -> None:
-    from .compiler import toolchain_versions
-
     if header.get("kind") not in KINDS or kind not in (None, header["kind"]):
         raise refused(f"of kind {header.get('kind')!r}, not {kind or ' or '.join(KINDS)!r}")
     if header.get("key") != key:
@@ -116,7 +118,7 @@ def _check(header: dict[str, Any], payload: bytes, key: str, kind: str | None,
     if secret is not None and not check_seal(secret, header):
         raise refused("its seal does not verify under the fleet secret (unsealed, forged, "
                       "or sealed under another secret)")
-    ours = toolchain_versions()
+    ours = versions.toolchain_versions()
     theirs = header.get("versions")
     if theirs != ours:
         differ = ([name for name in sorted(set(ours) | set(theirs))
@@ -127,3 +129,18 @@ def _check(header: dict[str, Any], payload: bytes, key: str, kind: str | None,
         raise refused(f"truncated or padded ({len(payload)} of {header.get('size')} bytes)")
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise refused("checksum mismatch")
+
+
+def record_artifact(kind: str, key: str, payload: bytes, fields: dict[str, Any]) -> None:
+    """Add an entry to what ``torch.compiler.save_cache_artifacts()`` will carry."""
+    blob = pack(kind, key, payload, fields, _secret_or_none())
+    CacheArtifactManager.record_artifact(ARTIFACT_TYPE, key, blob)
+
+
+def _secret_or_none() -> bytes | None:
+    """The fleet secret to seal with; None where there is none or it cannot be read (the
+    remote tier says so): unsealed entries are refused where the loader has a secret."""
+    try:
+        return fleet_secret()
+    except OSError:
+        return None

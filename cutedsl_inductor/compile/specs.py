@@ -22,6 +22,8 @@ from typing import Any, Union
 
 import torch
 
+from .dtypes import cutlass_dtype
+
 GPU_ALIGN_BYTES = 16
 
 
@@ -172,7 +174,6 @@ def fake_arguments(specs: list[ArgSpec]) -> list[Any]:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    from ..template.defines import cutlass_dtype
 
     symbols: dict[tuple[str, bool], Any] = {}
 

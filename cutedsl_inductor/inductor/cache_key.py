@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphModulePass
 
+from .. import config
+from ..compile import versions
+
 
 class CacheKeyPass(CustomGraphModulePass):
     def __init__(self, wrapped: CustomGraphModulePass | None = None) -> None:
@@ -34,10 +37,8 @@ class CacheKeyPass(CustomGraphModulePass):
 
 def package_fingerprint(*extra: Any) -> str:
     """Hash of our versions and code-changing knobs (and ``extra``)."""
-    from .. import config
-    from ..compile.compiler import toolchain_versions
-
-    material = {"versions": toolchain_versions(), "config": config.snapshot(), "extra": extra}
+    material = {"versions": versions.toolchain_versions(), "config": config.snapshot(),
+                "extra": extra}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -24,6 +24,9 @@ from torch._inductor import config as inductor_config
 from torch._inductor.choices import InductorChoices
 from torch._inductor.virtualized import V
 
+from ..template.template import CPP_WRAPPER_UNSUPPORTED
+from .cache_key import package_fingerprint
+
 log = logging.getLogger(__name__)
 
 GEMM_OPS = ("mm", "addmm", "bmm")
@@ -55,8 +58,6 @@ def _warn_once(message: str) -> None:
 class CuteDSLChoices(InductorChoices):
     def uuid(self) -> str:
         """Part of the FX graph cache key (torch 2.13 requires it of a choices class)."""
-        from .cache_key import package_fingerprint
-
         return package_fingerprint("CuteDSLChoices")
 
     def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
@@ -65,12 +66,10 @@ class CuteDSLChoices(InductorChoices):
         if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
             return choices
         if V.graph.cpp_wrapper:
-            from ..template.template import CPP_WRAPPER_UNSUPPORTED
-
             _warn_once(f"no CuteDSL GEMM choices: {CPP_WRAPPER_UNSUPPORTED}")
             return choices
-        try:
-            from ..templates.gemm.template import gemm_choices
+        try:  # lazily: the kernel's modules import cutlass, which may be missing or broken
+            from ..kernels.gemm.template import gemm_choices
         except ImportError as err:  # no (usable) nvidia-cutlass-dsl: offer nothing
             _warn_once(f"CUTEDSL is in max_autotune_gemm_backends but CuTe DSL cannot be "
                        f"imported ({err}): no CuteDSL GEMM choices are offered")

@@ -20,7 +20,7 @@ does not). So where a single pointwise consumer will fuse, our
 ``retime_candidates``) are compiled with that epilogue and
 timed on example inputs (on the GPU; the swap is that of the buffer's kernel render and
 parameters, which are all that differ between our choices of one node), in interleaved
-rounds (``bench.timing.interleaved_ms``: the clock drifting under the power cap reaches
+rounds (``autotune.timing.interleaved_ms``: the clock drifting under the power cap reaches
 every candidate alike; fused kernels of one node often differ by 1-2%, as much as one
 timing moves), and the fastest fused kernel (median round) is kept
 (``autotune/retime.py``; a repeat of the same fused kernels at the same sizes -- a
@@ -57,8 +57,10 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from ..autotune.retime import fastest_in_rounds
+from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
 from .cache_key import package_fingerprint
+from .scheduling import CuteDSLScheduling, render_kernel
 
 try:  # torch 2.13 keys a scheduler pass of this kind into the FX graph cache
     from torch._inductor.custom_graph_pass import CustomSchedulerPass as SchedulerPass
@@ -133,8 +135,6 @@ def chosen_cutedsl_choice(timings: dict[Any, float], saving_ms: float) -> Any:
 def retime_with_epilogue(node: SchedulerNode, timings: dict[Any, float]) -> None:
     """Keep, on ``node`` (our finalized template), the choice among our fastest whose
     kernel with its pointwise consumer fused runs fastest (see the module docstring)."""
-    from .scheduling import CuteDSLScheduling
-
     ours = sorted((c for c in timings if isinstance(c, CuteDSLTemplateCaller)),
                   key=timings.__getitem__)
     candidates = retime_candidates(ours, config.fused_choice_candidates)
@@ -193,9 +193,6 @@ def fused_kernel_call(buffer: Any, plan: Any,
     them, no two arguments of one call alias), run once here so that a failing kernel
     raises now."""
     from torch._dynamo.testing import rand_strided
-
-    from ..runtime.loader import load_kernel
-    from .scheduling import render_kernel
 
     kernel, name, source, specs = render_kernel(buffer, plan)
     runner = load_kernel(name, source, specs, template=buffer.template.name,

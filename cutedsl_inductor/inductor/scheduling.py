@@ -1,9 +1,8 @@
 """CuteDSLScheduling (code generation for ``CuteDSLTemplateBuffer``) and its hook into
 Inductor: ``CuteDSLCombinedScheduling`` extends Inductor's CUDA combined scheduling,
 routes our template nodes to ``CuteDSLScheduling`` and leaves every other node to
-Inductor. ``install()`` registers it for "cuda" (idempotent; done on import of the
-package), replacing only the scheduling of the registered ``DeviceCodegen``, and adds
-our versions to Inductor's FX graph cache key (``cache_key``).
+Inductor. ``install.py`` registers it for "cuda", replacing only the scheduling of the
+registered ``DeviceCodegen``.
 
 The output code gets one definition per kernel::
 
@@ -23,7 +22,6 @@ supported torch.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -37,9 +35,9 @@ from torch.utils._ordered_set import OrderedSet
 from .. import config
 from ..compile.specs import ArgSpec, specs_for_nodes
 from ..runtime.loader import load_kernel, write_source
+from ..template.buffer import CuteDSLTemplateBuffer
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
-from .ir import CuteDSLTemplateBuffer
 
 log = logging.getLogger(__name__)
 
@@ -216,28 +214,3 @@ class CuteDSLCombinedScheduling(CUDACombinedScheduling):
 def _involves_cutedsl(*nodes: Any) -> bool:
     """Whether a (possibly fused) scheduler node contains one of our templates."""
     return any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())
-
-
-def install() -> None:
-    """Register ``CuteDSLCombinedScheduling`` for CUDA devices, our part of the FX graph
-    cache key, our GEMM choices, the clock settling before autotuning, our pre-fusion pass
-    and the SwiGLU rewrite (idempotent)."""
-    from torch._inductor.codegen import common
-
-    from ..autotune.select import install_clock_settling
-    from .cache_key import install_cache_key
-    from .choices import install_choices
-    from .multi_template import install_pre_fusion_pass
-    from .swiglu import install_swiglu
-
-    common.init_backend_registration()
-    install_cache_key()
-    install_choices()
-    install_clock_settling()
-    install_pre_fusion_pass()
-    install_swiglu()
-    current = common.device_codegens["cuda"]
-    if current.scheduling is not CuteDSLCombinedScheduling:
-        common.device_codegens["cuda"] = dataclasses.replace(
-            current, scheduling=CuteDSLCombinedScheduling
-        )

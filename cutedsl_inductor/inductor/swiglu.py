@@ -43,6 +43,14 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.select_algorithm import ExternKernelChoice
 
+from .. import config
+from ..autotune.retime import choice_calls, fastest_in_rounds, recording_timings
+from ..autotune.select import autotune_select_algorithm
+from ..compile.compiler import target_arch
+from ..template.caller import CuteDSLTemplateCaller
+from .cache_key import package_fingerprint
+from .choices import cutedsl_gemm_enabled
+
 log = logging.getLogger(__name__)
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -77,9 +85,8 @@ def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
     """Inductor lowering of ``cutedsl::swiglu_mm`` (see the module docstring)."""
     from torch._inductor import ir
 
-    from ..autotune.retime import recording_timings
-    from ..autotune.select import autotune_select_algorithm
-    from ..templates.gemm.template import swiglu_choices
+    # lazily: the kernel's modules import cutlass (slow, and optional until a GEMM runs)
+    from ..kernels.gemm.template import swiglu_choices
 
     x, w_gate, w_up = (ir.ExternKernel.realize_input(node) for node in (x, w_gate, w_up))
     layout = ir.FixedLayout(x.get_device(), x.get_dtype(),
@@ -106,10 +113,6 @@ def retimed_winner(timings: dict[Any, float]) -> Any:
     """Where our choice won, the fastest of our ``config.fused_choice_candidates`` fastest
     choices timed again in interleaved rounds (``autotune/retime.py``), if it is not the
     winner; else None (also where that retiming fails: the winner stays)."""
-    from .. import config
-    from ..autotune.retime import choice_calls, fastest_in_rounds
-    from ..template.caller import CuteDSLTemplateCaller
-
     ours = sorted((c for c, ms in timings.items()
                    if isinstance(c, CuteDSLTemplateCaller) and math.isfinite(ms)),
                   key=timings.__getitem__)
@@ -202,8 +205,6 @@ def _match(mul: Any) -> tuple[Any, Any] | None:
 
 
 def _suits(gate: Any, up: Any, out: Any) -> bool:
-    from ..compile.compiler import target_arch
-
     values = [gate.args[0].meta.get("val"), gate.args[1].meta.get("val"),
               up.args[1].meta.get("val")]
     if any(v is None for v in values) or out.meta.get("val") is None:
@@ -248,9 +249,6 @@ class SwiGLUPass(CustomGraphPass):
         self.previous = previous
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        from .. import config
-        from .choices import cutedsl_gemm_enabled
-
         if config.epilogue_fusion and cutedsl_gemm_enabled():
             rewrite_swiglu(graph)
         if self.previous is not None:
@@ -259,8 +257,6 @@ class SwiGLUPass(CustomGraphPass):
     def uuid(self) -> Any:
         """None (Inductor then bypasses its FX graph cache, as for that pass alone) where
         the pass before ours is a plain callable, which has no identity to key on."""
-        from .cache_key import package_fingerprint
-
         if self.previous is None:
             return package_fingerprint("SwiGLUPass", None)
         previous = getattr(self.previous, "uuid", None)

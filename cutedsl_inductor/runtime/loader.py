@@ -30,10 +30,16 @@ from typing import Any
 import torch
 from torch._inductor.codecache import PyCodeCache, write_atomic
 
-from ..compile.compiler import JitOnce, compile_entry, compile_key, is_cute_jit, target_arch
+from ..compile.compiler import (
+    JitOnce,
+    compile_entry,
+    compile_key,
+    entry_name,
+    is_cute_jit,
+    target_arch,
+)
 from ..compile.specs import ArgSpec
 from ..exc import GeneratedCodeError, format_params
-from ..template.kernel import entry_name
 from .wrapper import CuteDSLKernelWrapper, TVMFFIKernelWrapper
 
 log = logging.getLogger(__name__)

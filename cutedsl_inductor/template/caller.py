@@ -25,11 +25,17 @@ import torch
 from torch._inductor import ir
 from torch._inductor.autotune_process import TensorMeta
 
-from ..autotune.benchmark_request import CuteDSLBenchmarkRequest, argument_meta, fastest_ms
+from ..autotune.benchmark_request import (
+    CuteDSLBenchmarkRequest,
+    argument_meta,
+    fastest_ms,
+)
+from ..compile import versions
 from ..compile.specs import ArgSpec, specs_key
-from ..compile.workers import build_in_worker
 from ..exc import format_params
-from ..inductor.ir import CuteDSLTemplateBuffer
+from ..runtime.loader import load_kernel
+from ..runtime.workers import build_in_worker
+from .buffer import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
 
@@ -116,8 +122,6 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
 
     def load(self) -> Any:
         if self._wrapper is None:
-            from ..runtime.loader import load_kernel
-
             self._wrapper = load_kernel(
                 self.name, self.source, self.specs,
                 template=self.template.name, params=self.params,
@@ -126,7 +130,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
 
     def precompile(self) -> None:
         """Inductor calls this from its thread pool: the compile itself runs in one of
-        our worker processes where there are any (``compile/workers.py``)."""
+        our worker processes where there are any (``runtime/workers.py``)."""
         try:
             build_in_worker(self.bmreq)
             self.load()
@@ -191,9 +195,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
 
     def hash_key(self) -> str:
         """Names the binary: Inductor's autotune-result cache keys timings on it."""
-        from ..compile.compiler import toolchain_versions
-
-        material = f"{self.source}\n{specs_key(self.specs)}\n{sorted(toolchain_versions().items())}"
+        material = f"{self.source}\n{specs_key(self.specs)}\n{sorted(versions.toolchain_versions().items())}"
         return f"{self.template.name}-{hashlib.sha256(material.encode()).hexdigest()}"
 
     def info_dict(self) -> dict[str, Any]:

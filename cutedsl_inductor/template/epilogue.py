@@ -47,8 +47,8 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.virtualized import V
 
+from ..compile.dtypes import cutlass_dtype_name
 from ..compile.specs import is_aligned
-from .defines import cutlass_dtype_name
 from .pointwise import translate_pointwise
 
 

@@ -42,7 +42,7 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import Kernel
 from torch._inductor.virtualized import V
 
-from .. import config
+from ..compile.compiler import entry_name
 from ..compile.specs import ArgSpec, specs_key
 from .defines import gen_defines
 from .epilogue import IDENTITY, EpiloguePlan
@@ -86,10 +86,6 @@ def fill_placeholder(text: str, placeholder: str, block: str) -> str:
             indent = line[:len(line) - len(line.lstrip())]
             lines[index] = line.replace(placeholder, block.replace("\n", "\n" + indent))
     return "\n".join(lines)
-
-
-def entry_name(kernel_name: str) -> str:
-    return f"{kernel_name}_{config.entry_suffix}"
 
 
 def _unwrap(node: Any) -> Any:

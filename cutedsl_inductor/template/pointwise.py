@@ -38,17 +38,16 @@ import math
 from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import torch
-
 from torch._inductor.ops_handler import DefaultHandler
 from torch._inductor.virtualized import OpsValue, V
 
-from .defines import cutlass_dtype_name
+from ..compile.dtypes import cutlass_dtype_name
 
 LoadValue = Callable[[str, Any], Union[str, tuple[str, torch.dtype]]]
 
 _FLOAT16 = (torch.bfloat16, torch.float16)
 _FLOATS = (torch.float32, *_FLOAT16)
-# the dtypes a translated value may have (names from ``defines.cutlass_dtype_name``)
+# the dtypes a translated value may have (names from ``compile.dtypes.cutlass_dtype_name``)
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.bool)
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 

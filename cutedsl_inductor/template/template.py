@@ -41,6 +41,7 @@ from ..exc import (
     TemplateRenderError,
     format_params,
 )
+from ..runtime.loader import write_source
 from .caller import CuteDSLTemplateCaller, InputView
 from .defines import check_names
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
@@ -167,8 +168,6 @@ def _check_python(template: str, params: dict[str, Any], source: str) -> None:
         if "'''" in source or source.endswith("\\"):
             raise SyntaxError("the source contains ''' or ends with a backslash")
     except SyntaxError as err:
-        from ..runtime.loader import write_source
-
         _, path = write_source(source)
         where = f" at line {err.lineno}" if err.lineno else ""
         raise GeneratedCodeError(

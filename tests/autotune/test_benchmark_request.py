@@ -10,8 +10,8 @@ import torch
 from torch._inductor import ir
 
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.templates.gemm.config import GemmConfig
-from cutedsl_inductor.templates.gemm.template import gemm_choices
+from cutedsl_inductor.kernels.gemm.config import GemmConfig
+from cutedsl_inductor.kernels.gemm.template import gemm_choices
 from tests.helpers import make_input
 
 LOAD_IN_A_NEW_PROCESS = """

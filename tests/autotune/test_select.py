@@ -6,8 +6,7 @@ import pickle
 
 import pytest
 import torch.nn.functional as F
-from torch._inductor import ir
-from torch._inductor import select_algorithm
+from torch._inductor import ir, select_algorithm
 
 import cutedsl_inductor
 from cutedsl_inductor import config

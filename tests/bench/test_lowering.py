@@ -4,7 +4,12 @@ built), and nothing is left patched after it."""
 import torch
 
 from cutedsl_inductor import config
-from cutedsl_inductor.bench.lowering import kernel_definitions, load_kernels, lowered, virtual_sm90
+from cutedsl_inductor.bench.lowering import (
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    virtual_sm90,
+)
 
 
 def test_the_virtual_sm90_lowers_our_gemm_inside_the_block_only():

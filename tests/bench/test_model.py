@@ -2,7 +2,8 @@
 
 import pytest
 
-from cutedsl_inductor.bench.model import Case, _add_ratios, cases_of, summary
+from cutedsl_inductor.bench.model import Case, cases_of
+from cutedsl_inductor.bench.model_report import add_ratios, summary
 from cutedsl_inductor.cli import parser
 
 
@@ -46,7 +47,7 @@ def test_ratios_are_against_max_autotune_of_the_same_workload():
     rows = [row("eager", 30.0, 1.0), row("max-autotune", 26.0, 50.0, 5.0),
             row("cutedsl", 24.0, 60.0, 5.5, fusion=True),
             row("cutedsl", 25.0, 20.0, fusion=False, caches="shared")]
-    _add_ratios(rows)
+    add_ratios(rows)
     ours, off = rows[2], rows[3]
     assert ours["speedup_vs_max-autotune"] == pytest.approx(26 / 24)
     assert ours["speedup_vs_eager"] == pytest.approx(30 / 24)

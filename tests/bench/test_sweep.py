@@ -5,7 +5,7 @@ from cutedsl_inductor import config
 from cutedsl_inductor.bench.sweep import sweep_configs
 from cutedsl_inductor.cli import main
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.templates.gemm.heuristic import pick_configs
+from cutedsl_inductor.kernels.gemm.heuristic import pick_configs
 
 
 def test_the_ranked_configs_come_first_with_their_rank_then_their_valid_variants():

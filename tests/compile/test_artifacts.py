@@ -13,7 +13,7 @@ from torch.compiler._cache import CacheArtifactManager
 
 from cutedsl_inductor import config
 from cutedsl_inductor.compile import compiler, decisions, portable
-from cutedsl_inductor.compile.artifacts import ARTIFACT_TYPE
+from cutedsl_inductor.compile.portable import ARTIFACT_TYPE
 from tests.compile.test_disk_cache import add_choice, key_of
 from tests.compile.test_remote_cache import load_on
 
@@ -75,7 +75,7 @@ FRESH_MACHINE = textwrap.dedent("""
     import sys, torch
     {imports}
     print("loaded:", torch.compiler.load_cache_artifacts(open(sys.argv[1], "rb").read()))
-    from cutedsl_inductor.autotune.precompile import precompile
+    from cutedsl_inductor.precompile import precompile
     print(precompile("sm_90a", ("elementwise",), progress=False))
 """)
 
@@ -86,7 +86,7 @@ def test_precompiled_kernels_travel_to_a_fresh_process(tmp_path):
     before loading is told so by torch's warning, which names what to do."""
     save = textwrap.dedent("""
         import sys, torch
-        from cutedsl_inductor.autotune.precompile import precompile
+        from cutedsl_inductor.precompile import precompile
         print(precompile("sm_90a", ("elementwise",), progress=False))
         open(sys.argv[1], "wb").write(torch.compiler.save_cache_artifacts()[0])
     """)

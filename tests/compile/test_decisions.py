@@ -22,11 +22,11 @@ def test_a_decision_is_kept_locally_and_sealed(kernel_cache_dir):
 
 
 def test_the_key_hashes_the_material_and_the_versions(monkeypatch):
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.compile import versions
 
     other = decisions.decision_key("retime", {"candidates": ["a", "b"], "sizes": "64x65"})
-    versions = {**compiler.toolchain_versions(), "apache-tvm-ffi": "0.0.1"}
-    monkeypatch.setattr(compiler, "toolchain_versions", lambda: versions)
+    forged = {**versions.toolchain_versions(), "apache-tvm-ffi": "0.0.1"}
+    monkeypatch.setattr(versions, "toolchain_versions", lambda: forged)
     assert len({KEY, other, decisions.decision_key(
         "retime", {"candidates": ["a", "b"], "sizes": "64x64"})}) == 3
 

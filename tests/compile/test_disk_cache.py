@@ -15,10 +15,10 @@ import torch
 
 from cutedsl_inductor import config
 from cutedsl_inductor.cli import main as cli_main
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.compile import compiler, versions
 from cutedsl_inductor.compile.disk_cache import default_cache
+from cutedsl_inductor.kernels.elementwise import add_template
 from cutedsl_inductor.runtime.loader import kernel_key
-from cutedsl_inductor.templates.elementwise import add_template
 from tests.helpers import make_input, make_layout
 
 
@@ -65,8 +65,8 @@ def test_key_changes_rebuild(graph, monkeypatch, change):
     if change == "arch":
         monkeypatch.setattr(config, "arch", "sm_100a")
     elif change == "versions":
-        versions = {**compiler.toolchain_versions(), "nvidia-cutlass-dsl": "9.9.9"}
-        monkeypatch.setattr(compiler, "toolchain_versions", lambda: versions)
+        forged = {**versions.toolchain_versions(), "nvidia-cutlass-dsl": "9.9.9"}
+        monkeypatch.setattr(versions, "toolchain_versions", lambda: forged)
     elif change == "options":
         monkeypatch.setattr(config, "compile_options", "--opt-level 2")
     kwargs = {"threads": 256} if change == "params" else {}
@@ -81,14 +81,14 @@ def test_an_edit_to_the_package_sources_changes_the_versions_in_every_key(tmp_pa
     import shutil
 
     package = Path(compiler.__file__).resolve().parents[1]
-    assert compiler.toolchain_versions()["cutedsl_inductor sources"] == \
-        compiler.source_tree_hash(package)
+    assert versions.toolchain_versions()["cutedsl_inductor sources"] == \
+        versions.source_tree_hash(package)
     copy = tmp_path / "cutedsl_inductor"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    before = compiler.source_tree_hash(copy)
-    kernel = copy / "templates" / "gemm" / "sm90_gemm.py"
+    before = versions.source_tree_hash(copy)
+    kernel = copy / "kernels" / "gemm" / "sm90_gemm.py"
     kernel.write_text(kernel.read_text() + "\n# an edit\n")
-    assert compiler.source_tree_hash(copy) != before
+    assert versions.source_tree_hash(copy) != before
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_manifest", "foreign", "no_object"])
@@ -120,7 +120,7 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.fx
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.compile import compiler, versions
     from tests.compile.test_disk_cache import add_choice
     g = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
     with V.set_graph_handler(g):

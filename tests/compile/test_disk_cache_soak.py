@@ -9,8 +9,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from cutedsl_inductor.autotune.precompile import precompile
 from cutedsl_inductor.compile.disk_cache import KernelDiskCache
+from cutedsl_inductor.precompile import precompile
 from tests.compile.test_disk_cache import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ SECONDS = 60
 
 PRECOMPILER = textwrap.dedent("""
     import sys, time
-    from cutedsl_inductor.autotune.precompile import precompile
+    from cutedsl_inductor.precompile import precompile
     from cutedsl_inductor.compile import compiler
     rounds = 0
     while time.time() < float(sys.argv[1]):

@@ -8,7 +8,11 @@ import pytest
 
 from cutedsl_inductor.compile.cache_files import Folder
 from cutedsl_inductor.compile.integrity import (
-    SECRET_BYTES, SECRET_NAME, check_seal, read_secret, seal,
+    SECRET_BYTES,
+    SECRET_NAME,
+    check_seal,
+    read_secret,
+    seal,
 )
 
 

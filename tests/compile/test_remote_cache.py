@@ -5,7 +5,7 @@ publishes; a fleet secret seals what is published and refuses what is not sealed
 import pytest
 
 from cutedsl_inductor import config
-from cutedsl_inductor.compile import compiler, portable, remote_cache
+from cutedsl_inductor.compile import compiler, portable, remote_cache, versions
 from cutedsl_inductor.compile.disk_cache import default_cache
 from tests.compile.test_disk_cache import add_choice, key_of
 
@@ -39,7 +39,7 @@ def test_the_value_is_a_portable_entry_bound_to_its_key(graph, remote_redis, tmp
     (name,) = remote_redis.keys()
     header, payload = portable.unpack(remote_redis.client.get(name), key, "test", None,
                                       "kernel")
-    assert header["versions"] == compiler.toolchain_versions() and "mac" not in header
+    assert header["versions"] == versions.toolchain_versions() and "mac" not in header
     assert payload == (default_cache().root / key[:2] / f"{key}.o").read_bytes()
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cutedsl_inductor import config
-from cutedsl_inductor.compile import compiler, portable, remote_cache
+from cutedsl_inductor.compile import portable, remote_cache, versions
 from cutedsl_inductor.compile.remote_cache import default_tier, redis_key
 from tests.compile.test_disk_cache import add_choice, key_of
 from tests.compile.test_remote_cache import load_on
@@ -71,8 +71,8 @@ def test_a_full_redis_refuses_writes_and_the_tier_goes_on(graph, remote_redis, t
 
 
 def forged_versions():
-    versions = {**compiler.toolchain_versions(), "nvidia-cutlass-dsl": "9.9.9"}
-    return lambda: versions
+    forged = {**versions.toolchain_versions(), "nvidia-cutlass-dsl": "9.9.9"}
+    return lambda: forged
 
 
 @pytest.mark.parametrize("fault, reason", [
@@ -99,7 +99,7 @@ def test_an_entry_that_does_not_verify_is_a_miss_and_is_replaced(
     elif fault == "another version's":
         key = key_of(add_choice(graph))
         with monkeypatch.context() as patched:
-            patched.setattr(compiler, "toolchain_versions", forged_versions())
+            patched.setattr(versions, "toolchain_versions", forged_versions())
             bad = portable.pack("kernel", key, payload, {}, None)
     else:
         bad = portable.MAGIC + b"{not json\n" + payload

@@ -1,7 +1,13 @@
 import torch
 
 from cutedsl_inductor.compile.specs import (
-    ScalarSpec, Sym, TensorSpec, fake_arguments, mismatch, specs_key, tensor_spec,
+    ScalarSpec,
+    Sym,
+    TensorSpec,
+    fake_arguments,
+    mismatch,
+    specs_key,
+    tensor_spec,
 )
 from tests.helpers import make_input
 

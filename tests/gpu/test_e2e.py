@@ -47,7 +47,7 @@ def one_choice_lowering(template, **params):
 
 def test_one_choice_end_to_end():
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
 
     x, y = (torch.randn(257, 129, device="cuda") for _ in range(2))
     with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
@@ -61,7 +61,7 @@ def test_one_choice_end_to_end():
 def test_upstream_template_runs_unchanged_and_compiles_once():
     from cutedsl_inductor import CuteDSLTemplate
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
+    from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE
 
     template = CuteDSLTemplate("upstream_add_e2e", UPSTREAM_ADD_SOURCE)
     x, y = (torch.randn(128, 4, device="cuda") for _ in range(2))
@@ -74,7 +74,7 @@ def test_upstream_template_runs_unchanged_and_compiles_once():
 
 
 def test_autotune_among_three_choices():
-    from cutedsl_inductor.templates.elementwise import register_add_op
+    from cutedsl_inductor.kernels.elementwise import register_add_op
 
     register_add_op()
     x, y = (torch.randn(1024, 1000, device="cuda") for _ in range(2))
@@ -84,7 +84,7 @@ def test_autotune_among_three_choices():
 
 
 def test_env_stream_is_used():
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
 
     x, y = (torch.randn(4096, 512, device="cuda") for _ in range(2))
     with one_choice_lowering(add_template, THREADS=256, VECTOR=4):
@@ -104,7 +104,7 @@ def test_wrong_argument_is_a_clear_error():
     from torch._inductor.virtualized import V
 
     from cutedsl_inductor.exc import KernelArgumentError
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
     from tests.helpers import make_input, make_layout
 
     graph = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
@@ -124,7 +124,7 @@ def test_wrong_argument_is_a_clear_error():
 WARM_SCRIPT = textwrap.dedent("""
     import torch
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import register_add_op
+    from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     torch.manual_seed(0)
     x, y = (torch.randn(1024, 1000, device="cuda") for _ in range(2))
@@ -187,7 +187,7 @@ def test_another_machine_compiles_nothing(tmp_path, share, request):
 
 def test_dynamic_shapes_share_one_binary():
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
 
     with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
         compiled = torch.compile(lambda a, b: a + b, dynamic=True)
@@ -201,7 +201,7 @@ LOGS_SCRIPT = textwrap.dedent("""
     import torch
     from unittest.mock import patch
     from torch._inductor.lowering import lowerings
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
 
     def lower(a, b):
         choices = []
@@ -227,7 +227,7 @@ def test_torch_logs_show_source_and_path(tmp_path):
 
 
 def test_consumer_of_a_template_stays_a_separate_kernel():
-    from cutedsl_inductor.templates.elementwise import add_template
+    from cutedsl_inductor.kernels.elementwise import add_template
 
     x, y = (torch.randn(512, 256, device="cuda") for _ in range(2))
     with one_choice_lowering(add_template, THREADS=128, VECTOR=4):

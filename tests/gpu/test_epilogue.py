@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from cutedsl_inductor import config
-from cutedsl_inductor.templates.gemm.config import GemmConfig
+from cutedsl_inductor.kernels.gemm.config import GemmConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -133,8 +133,8 @@ def test_tail_tiles_with_row_column_and_full_inputs_match_eager(m, n):
 def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch):
     """Only swap-AB choices offered (C^T = B A^T, the kernel's (m, n) torch's (n, m)): the
     fused epilogue reads row, column and full inputs at the output's coordinates."""
-    from cutedsl_inductor.templates.gemm import template
-    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
+    from cutedsl_inductor.kernels.gemm import template
+    from cutedsl_inductor.kernels.gemm.heuristic import pick_configs
 
     def swap_ab_only(*args, **kwargs):
         ranked = pick_configs(*args, **dict(kwargs, max_configs=100))
@@ -148,7 +148,7 @@ def test_swap_ab_epilogue_reads_inputs_at_swapped_coordinates(m, n, monkeypatch)
 def test_256x192_tiles_with_their_epilogue_spilling_match_eager(m, n, monkeypatch):
     """Only the 256x192 tile offered (192 accumulator registers per thread, so the fused
     epilogue's values spill to local memory): M and N tails, row, column and full inputs."""
-    from cutedsl_inductor.templates.gemm import template
+    from cutedsl_inductor.kernels.gemm import template
 
     monkeypatch.setattr(template, "pick_configs", lambda *args, **kwargs: [GemmConfig(
         tile_m=256, tile_n=192, cluster_n=2, cooperative=True, raster="n")])
@@ -260,7 +260,7 @@ def test_each_kind_of_swiglu_kernel_matches_eager(cfg, weights, monkeypatch):
     tails, several tiles per CTA (ping-pong's turns), both weights' tails zero-filled;
     weights (N, K) as nn.Linear stores them, or (K, N) (``x @ w``): the two layouts in
     which a stage's two weight tiles form one tile twice as wide (one WGMMA)."""
-    from cutedsl_inductor.templates.gemm import template
+    from cutedsl_inductor.kernels.gemm import template
 
     monkeypatch.setattr(template, "swiglu_configs", lambda *args, **kwargs: [cfg])
     x, w1, w3 = randn(1000, 712), randn(1048, 712), randn(1048, 712)
@@ -304,8 +304,8 @@ def test_swiglu_takes_the_retimed_winner_over_a_mistimed_one(monkeypatch, caplog
     """The op's autotuning misranks (the 64x32 tile's timing read as 100x faster than it
     ran): the retiming keeps the 128x128 kernel, the only SwiGLU kernel in the output code,
     the misranked one's node left unused and dropped."""
+    from cutedsl_inductor.kernels.gemm import template
     from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
-    from cutedsl_inductor.templates.gemm import template
 
     slow = dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct",
                 swiglu="b")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cutedsl_inductor import config
-from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS, EXTRA_CONFIGS
+from cutedsl_inductor.kernels.gemm.heuristic import DEFAULT_CONFIGS, EXTRA_CONFIGS
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ def template_outputs(op, inputs, out_shape, alpha=1.0, beta=0.0, configs=1, conf
     from torch._inductor import ir
 
     from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.gemm.template import gemm_choices
+    from cutedsl_inductor.kernels.gemm.template import gemm_choices
 
     dtype = inputs[-1].dtype
     with scratch_graph() as scratch:
@@ -138,7 +138,7 @@ def test_addmm_bias_alpha_beta_match_float64():
 # -- swap-AB (C^T = B A^T, small M) through the template ------------------------------
 
 def swap_ab_configs(m, split_k=1):
-    from cutedsl_inductor.templates.gemm.heuristic import swap_ab_configs
+    from cutedsl_inductor.kernels.gemm.heuristic import swap_ab_configs
 
     configs = swap_ab_configs(m)
     return [c.replace(split_k=split_k) for c in configs] if split_k > 1 else configs
@@ -302,7 +302,7 @@ SPLIT_K_TILES = {
 @functools.lru_cache(maxsize=None)
 def split_k_kernel(tile, split_k, store, a_major, b_major, bias_dtype=None,
                    max_active_clusters=None, cluster=(1, 1)):
-    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
+    from cutedsl_inductor.kernels.gemm.standalone import compile_sm90_gemm
 
     cfg = dict(SPLIT_K_TILES[tile], split_k=split_k, store=store, cluster_m=cluster[0],
                cluster_n=cluster[1])
@@ -428,7 +428,7 @@ def test_split_k_choice_through_the_template():
 def test_the_split_and_unsplit_configs_ranked_first_at_small_m_match_float64(m, n, k):
     """At an LLM's small-M shapes (bf16, x @ w.T) the heuristic's first three split-K and
     first three unsplit configs, through the template."""
-    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
+    from cutedsl_inductor.kernels.gemm.heuristic import pick_configs
 
     ranked = pick_configs(m, n, k, "bf16", max_configs=32)
     configs = ([c for c in ranked if c.split_k > 1][:3]
@@ -470,7 +470,7 @@ def check_kernel(cfg, case, max_active_clusters=None):
     """Compile ``cfg`` for ``case`` (cached; the direct store where C's rows are not
     16-byte multiples) and run it there: NaN-poisoned padded output, float64 reference
     (relative error < 1e-2 for 16-bit outputs, 1e-4 for fp32), nothing written past N."""
-    from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm
+    from cutedsl_inductor.kernels.gemm.standalone import compile_sm90_gemm
 
     (name, m, n, k, l, a_major, b_major, ab, out, bias_kind, alpha, beta, pad) = case
     cfg = cfg.replace(store="direct" if (n * DTYPES[out].itemsize) % 16 else cfg.store)
@@ -569,7 +569,7 @@ def coordinate_gemm_class():
     import cutlass
     import cutlass.cute as cute
 
-    from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
+    from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm
 
     class CoordinateGemm(Sm90Gemm):
         @cute.jit
@@ -604,7 +604,7 @@ def compile_coordinate_gemm(cfg_items):
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     cfg = dict(cfg_items)
     a, b, c, bias = make_fake_gemm_args("bf16", "fp32", "k", "k", bias_dtype="fp32",

@@ -22,7 +22,7 @@ EXAMPLE = textwrap.dedent("""
     import json
     import torch
     from cutedsl_inductor.compile import compiler
-    from cutedsl_inductor.templates.elementwise import register_add_op
+    from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         torch._dynamo.reset()

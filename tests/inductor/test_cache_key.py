@@ -94,12 +94,12 @@ def test_the_key_changes_with_knobs_that_change_generated_code(knob, value):
 
 
 def test_the_key_changes_with_our_versions(monkeypatch):
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.compile import versions
 
     cutedsl_inductor.install()
     before = fx_graph_cache_key()
-    versions = {**compiler.toolchain_versions(), "cutedsl_inductor": "0.0.0-other"}
-    monkeypatch.setattr(compiler, "toolchain_versions", lambda: versions)
+    other = {**versions.toolchain_versions(), "cutedsl_inductor": "0.0.0-other"}
+    monkeypatch.setattr(versions, "toolchain_versions", lambda: other)
     assert fx_graph_cache_key() != before
 
 

@@ -14,8 +14,13 @@ from cutedsl_inductor import config
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
-from tests.helpers import (kernel_definitions, load_kernels, lowered, use_virtual_sm90,
-                           virtual_sm90_max_autotune)
+from tests.helpers import (
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    use_virtual_sm90,
+    virtual_sm90_max_autotune,
+)
 
 BLOCKS = {
     "gelu_bias": (lambda x, w, b: F.gelu(x @ w.t() + b), [(256, 512), (384, 512), (384,)]),
@@ -118,8 +123,8 @@ def test_a_fused_kernel_that_does_not_compile_stays_unfused(graph, monkeypatch, 
     first, and a template bug there leaves the consumer as a kernel of its own."""
     from torch._inductor.lowering import lowerings
 
+    from cutedsl_inductor.kernels.elementwise import ADD_SOURCE
     from cutedsl_inductor.template.template import CuteDSLTemplate
-    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
     from tests.helpers import make_input, make_layout
 
     use_virtual_sm90(monkeypatch)
@@ -146,7 +151,7 @@ def test_a_fused_kernel_that_does_not_compile_stays_unfused(graph, monkeypatch, 
 
 def test_the_fastest_ping_pong_choice_is_among_those_timed_with_the_epilogue(graph):
     from cutedsl_inductor.inductor.multi_template import retime_candidates
-    from cutedsl_inductor.templates.gemm.template import gemm_choices
+    from cutedsl_inductor.kernels.gemm.template import gemm_choices
     from tests.helpers import make_input, make_layout
 
     x = make_input(graph, "x", (8192, 4096), torch.bfloat16)

@@ -1,14 +1,27 @@
 import ast
 
 import torch
-from torch._inductor.codegen.common import IndentedBuffer, device_codegens, init_backend_registration
+from torch._inductor.codegen.common import (
+    IndentedBuffer,
+    device_codegens,
+    init_backend_registration,
+)
 
 import cutedsl_inductor
 from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
-from cutedsl_inductor.inductor.scheduling import CuteDSLCombinedScheduling, kernel_definition
-from cutedsl_inductor.templates.elementwise import add_template
-from tests.helpers import (kernel_definitions, load_kernels, lowered, make_input, make_layout,
-                           virtual_sm90_max_autotune)
+from cutedsl_inductor.inductor.scheduling import (
+    CuteDSLCombinedScheduling,
+    kernel_definition,
+)
+from cutedsl_inductor.kernels.elementwise import add_template
+from tests.helpers import (
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    make_input,
+    make_layout,
+    virtual_sm90_max_autotune,
+)
 
 
 def test_install_registers_our_scheduling_for_cuda_only():

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.swiglu import rewrite_swiglu
-from tests.helpers import kernel_definitions, load_kernels, lowered, virtual_sm90_max_autotune
+from tests.helpers import (
+    kernel_definitions,
+    load_kernels,
+    lowered,
+    virtual_sm90_max_autotune,
+)
 
 
 def swiglu(x, w1, w3):

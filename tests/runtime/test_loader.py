@@ -9,9 +9,9 @@ import tvm_ffi
 from cutedsl_inductor import CuteDSLKernelWrapper, CuteDSLTemplate
 from cutedsl_inductor.compile.compiler import JitOnce
 from cutedsl_inductor.exc import GeneratedCodeError, KernelCompileError
+from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE, add_template
 from cutedsl_inductor.runtime.loader import load_kernel
 from cutedsl_inductor.runtime.wrapper import TVMFFIKernelWrapper
-from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE, add_template
 from tests.helpers import make_input, make_layout
 
 BROKEN_SOURCE = r'''

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from cutedsl_inductor.template.defines import cutlass_dtype_name, gen_defines
+from cutedsl_inductor.compile.dtypes import cutlass_dtype_name
+from cutedsl_inductor.template.defines import gen_defines
 
 
 def test_each_supported_type_renders_as_typed_constexpr():

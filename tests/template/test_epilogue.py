@@ -7,11 +7,11 @@ import tvm_ffi
 from torch._inductor.lowering import lowerings
 
 from cutedsl_inductor.compile.specs import specs_for_nodes
+from cutedsl_inductor.kernels.elementwise import add_template
+from cutedsl_inductor.kernels.gemm.template import gemm_choices
 from cutedsl_inductor.runtime.loader import load_kernel
 from cutedsl_inductor.template.epilogue import plan_epilogue
 from cutedsl_inductor.template.kernel import name_kernel
-from cutedsl_inductor.templates.elementwise import add_template
-from cutedsl_inductor.templates.gemm.template import gemm_choices
 from tests.helpers import make_input, make_layout
 
 aten = torch.ops.aten

@@ -1,10 +1,10 @@
 import jinja2
 import pytest
+from torch._inductor import ir
 
 from cutedsl_inductor import config
 from cutedsl_inductor.template.kernel import CuteDSLTemplateKernel, name_kernel
 from tests.helpers import make_input, make_layout
-from torch._inductor import ir
 
 HOOKS_SOURCE = """
 # name={{kernel_name}} inputs={{input_nodes|length}} out={{output_node.get_name()}}

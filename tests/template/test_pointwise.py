@@ -7,11 +7,11 @@ import re
 import pytest
 import sympy
 import torch
-
-from cutedsl_inductor.template.pointwise import PointwiseToCuteDSL, translate_pointwise
 from torch._inductor import ir
 from torch._inductor import virtualized as vz
 from torch._inductor.virtualized import V
+
+from cutedsl_inductor.template.pointwise import PointwiseToCuteDSL, translate_pointwise
 
 N = 128
 INDEX = [sympy.Symbol("x0")]

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from cutedsl_inductor import CuteDSLTemplate
-from cutedsl_inductor.exc import GeneratedCodeError, TemplateRegistryError, TemplateRenderError
-from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+from cutedsl_inductor.exc import (
+    GeneratedCodeError,
+    TemplateRegistryError,
+    TemplateRenderError,
+)
+from cutedsl_inductor.kernels.elementwise import ADD_SOURCE
 from tests.helpers import make_input, make_layout
 
 
@@ -102,7 +106,7 @@ HASH_SCRIPT = textwrap.dedent("""
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
     from cutedsl_inductor import CuteDSLTemplate
-    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+    from cutedsl_inductor.kernels.elementwise import ADD_SOURCE
     from tests.helpers import make_input, make_layout
     template = CuteDSLTemplate("hash_probe", ADD_SOURCE)
     g = GraphLowering(torch.fx.symbolic_trace(lambda x: x))

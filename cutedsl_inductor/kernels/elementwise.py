@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._inductor.select_algorithm import ExternKernelChoice
 
+from ..autotune.select import autotune_select_algorithm
 from ..template.template import CuteDSLTemplate
 
 ADD_SOURCE = r'''
@@ -139,8 +140,6 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def lower_add(a: Any, b: Any) -> Any:
     """Inductor lowering of ``cutedsl::add``: the template's choices and ATen's add."""
     from torch._inductor import ir
-
-    from ..autotune.select import autotune_select_algorithm
 
     a, b = (ir.ExternKernel.require_contiguous(n) for n in (a, b))
     layout = ir.FixedLayout(a.get_device(), a.get_dtype(), a.get_size())

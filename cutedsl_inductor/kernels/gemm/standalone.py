@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from ...template.defines import cutlass_dtype
+from ...compile.dtypes import cutlass_dtype
 from .config import GemmConfig, gemm_dtype
 from .sm90_gemm import Sm90Gemm
 

@@ -45,7 +45,11 @@ import threading
 from typing import Any, NamedTuple
 
 from .. import config
+from ..compile import compiler
+from ..compile.compiler import entry_name
+from ..compile.disk_cache import default_cache
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
+from .loader import kernel_key
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +163,6 @@ def shutdown() -> None:
 def _compiles_when_loaded(request: Any) -> bool:
     """A ``@cute.jit`` entry compiles when loaded; an upstream-style entry compiles in
     its first call, here (nothing a worker could do ahead)."""
-    from ..template.kernel import entry_name
-
     return re.search(rf"@cute\.jit\s*\ndef {entry_name(request.kernel_name)}\(",
                      request.source) is not None
 
@@ -168,14 +170,10 @@ def _compiles_when_loaded(request: Any) -> bool:
 def _worker_would_help(request: Any) -> bool:
     """Whether what a worker stores would reach this process: the disk cache takes it
     (it is writable) and ``request``'s kernel is neither compiled here nor there yet."""
-    from ..runtime.loader import kernel_key
-    from .compiler import _COMPILED
-    from .disk_cache import default_cache
-
     with config.patch(**request.knobs):
         cache = default_cache()
         key = kernel_key(request.kernel_name, request.source, request.specs)
-        return cache.mode.writable and key not in _COMPILED and not cache.has(key)
+        return cache.mode.writable and key not in compiler._COMPILED and not cache.has(key)
 
 
 def _acquire(arch: str) -> _Worker:

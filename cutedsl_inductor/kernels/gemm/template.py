@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-
 from ... import config
 from ...compile.compiler import target_arch
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
+
 # The rendered module imports the kernel: without a usable CuTe DSL this import fails
 # and the template offers nothing (``inductor/choices.py``).
 from . import sm90_gemm  # noqa: F401
@@ -46,8 +46,8 @@ from .problem import why_not
 log = logging.getLogger(__name__)
 
 GEMM_SOURCE = r'''
-from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm
-from cutedsl_inductor.templates.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, as_nml
+from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm
+from cutedsl_inductor.kernels.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, as_nml
 {#- Swap-AB runs C^T = B A^T: the kernel's (m, n) are torch's (n, m). #}
 {%- if SWAP_AB is defined %}
 {%- set kernel_a, kernel_b, view_c = "as_nkl_from_kn(b)", "as_mkl(a)", "as_nml" %}

@@ -3,11 +3,11 @@
 import re
 
 import pytest
-import tvm_ffi
 import torch
+import tvm_ffi
 
 from cutedsl_inductor.compile.specs import Sym
-from cutedsl_inductor.templates.gemm.template import gemm_choices
+from cutedsl_inductor.kernels.gemm.template import gemm_choices
 from tests.helpers import make_input, make_layout
 
 
@@ -32,7 +32,7 @@ def test_first_choice_compiles_with_symbolic_shapes(graph, op):
 
 def test_precompile_covers_mm_addmm_bmm_and_both_dtypes():
     from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.gemm.template import precompile_choices
+    from cutedsl_inductor.kernels.gemm.template import precompile_choices
 
     with scratch_graph() as scratch:
         choices = precompile_choices(scratch)
@@ -47,7 +47,7 @@ def test_precompile_for_shapes_offers_each_shapes_configs():
     """Small M gets split-K configs that 4096^3 does not: precompiling for both shapes
     offers the kernels of both."""
     from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.templates.gemm.template import precompile_choices
+    from cutedsl_inductor.kernels.gemm.template import precompile_choices
 
     def configs(choices):
         return {c.description for c in choices}
@@ -77,7 +77,7 @@ def test_exhaustive_mode_offers_every_candidate(graph):
     """At M = 16 there are more candidates (split-K and swap-AB variants) than a fixed
     multiple of the default configs; exhaustive mode offers all of them."""
     from cutedsl_inductor import config
-    from cutedsl_inductor.templates.gemm.heuristic import pick_configs
+    from cutedsl_inductor.kernels.gemm.heuristic import pick_configs
 
     a = make_input(graph, "a", (16, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
@@ -91,7 +91,7 @@ def test_exhaustive_mode_offers_every_candidate(graph):
 def test_raster_band_renders_only_where_not_the_default(graph):
     """A sweep's ``group_size`` reaches the kernel as GROUP_SIZE; the default's source (and
     so its cache key) has no trace of it."""
-    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS
+    from cutedsl_inductor.kernels.gemm.heuristic import DEFAULT_CONFIGS
 
     a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
@@ -143,7 +143,7 @@ def test_swap_ab_choice_renders_and_compiles(graph, op):
 def _mm_ptx(graph, tmp_path, alpha: float = 1.0) -> str:
     """The PTX of a 512x384x256 bf16 mm choice (a 128x128 cooperative tile) compiled here."""
     from cutedsl_inductor import config
-    from cutedsl_inductor.templates.gemm.heuristic import DEFAULT_CONFIGS
+    from cutedsl_inductor.kernels.gemm.heuristic import DEFAULT_CONFIGS
 
     a = make_input(graph, "a", (512, 256), torch.bfloat16)
     b = make_input(graph, "b", (256, 384), torch.bfloat16, stride=(1, 256))

@@ -29,14 +29,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .. import config
-from ..compile.workers import build_in_worker
-from .scratch import scratch_graph
+from . import config
+from .autotune.scratch import scratch_graph
+from .runtime.workers import build_in_worker
 
 # short name -> module offering ``precompile_choices(scratch)``
 BUILTIN_TEMPLATES = {
-    "elementwise": "cutedsl_inductor.templates.elementwise",
-    "gemm": "cutedsl_inductor.templates.gemm.template",
+    "elementwise": "cutedsl_inductor.kernels.elementwise",
+    "gemm": "cutedsl_inductor.kernels.gemm.template",
 }
 
 

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import torch
 
+from ...compile.dtypes import cutlass_dtype_name
+
 __all__ = [
     "GemmConfig", "config_error", "gemm_dtype", "dtype_bytes", "DEFAULT_GROUP_SIZE",
     "SPLIT_K_CHOICES", "TILE_N_CHOICES", "SM90_SMEM_CAPACITY", "THREADS_PER_WG",
@@ -42,8 +44,6 @@ _GEMM_DTYPES = tuple(_SHORT_DTYPES.values())
 def gemm_dtype(dt: Any) -> Optional[torch.dtype]:
     """``dt`` (torch dtype, CuTe DSL numeric type, "bf16"/"fp16"/"fp32" or a torch dtype's
     name) as one of the torch dtypes the GEMM knows (bf16, fp16, fp32), else None."""
-    from ...template.defines import cutlass_dtype_name
-
     if isinstance(dt, str):
         dt = _SHORT_DTYPES.get(dt) or getattr(torch, dt.removeprefix("torch."), None)
     if isinstance(dt, torch.dtype):

@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cutedsl_inductor import CuteDSLTemplate, config
-from cutedsl_inductor.compile import compiler, workers
+from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.runtime import workers
 from cutedsl_inductor.exc import KernelCompileError
-from cutedsl_inductor.templates.elementwise import add_template
+from cutedsl_inductor.kernels.elementwise import add_template
 from tests.helpers import make_input, make_layout
 from tests.runtime.test_loader import BROKEN_SOURCE
 
@@ -46,8 +47,10 @@ def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_w
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda choice: choice.precompile(), choices))
     assert len(remote_redis.keys()) == 2  # published by the workers
+    # another machine: its own disk cache, nothing in its processes' memory
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another machine"))
     compiler._COMPILED.clear()
+    workers.shutdown()
     assert [workers.build_in_worker(c.bmreq) for c in add_choices(graph, (64, 128))] == [
         "remote", "remote"]
 
@@ -110,7 +113,7 @@ def test_a_worker_that_dies_drops_the_choice_and_is_replaced(graph, two_workers)
 
 def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process(
         graph, two_workers, caplog):
-    from cutedsl_inductor.templates.elementwise import ADD_SOURCE
+    from cutedsl_inductor.kernels.elementwise import ADD_SOURCE
 
     source = ('import os\nif os.environ.get("CUDA_VISIBLE_DEVICES") == "":\n'
               '    raise RuntimeError("only in a worker")\n' + ADD_SOURCE)
@@ -123,7 +126,7 @@ def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process
 
 
 def test_upstream_style_entries_go_to_no_worker(graph, two_workers):
-    from cutedsl_inductor.templates.elementwise import UPSTREAM_ADD_SOURCE
+    from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE
 
     inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
     choice = CuteDSLTemplate("upstream_in_workers", UPSTREAM_ADD_SOURCE).generate(

@@ -9,15 +9,17 @@ import pytest  # noqa: E402
 cutlass = pytest.importorskip("cutlass")
 import cutlass.cute as cute  # noqa: E402
 
-from cutedsl_inductor.templates.gemm.config import GemmConfig, config_error  # noqa: E402
-from cutedsl_inductor.templates.gemm.heuristic import (  # noqa: E402
+from cutedsl_inductor.kernels.gemm.config import GemmConfig, config_error  # noqa: E402
+from cutedsl_inductor.kernels.gemm.heuristic import (  # noqa: E402
     DEFAULT_CONFIGS,
-    EXTRA_CONFIGS as _EXTRA_CONFIGS,
     pick_configs,
 )
-from cutedsl_inductor.templates.gemm.problem import can_implement, why_not  # noqa: E402
-from cutedsl_inductor.templates.gemm.sm90_gemm import Sm90Gemm  # noqa: E402
-from cutedsl_inductor.templates.gemm.standalone import compile_sm90_gemm  # noqa: E402
+from cutedsl_inductor.kernels.gemm.heuristic import (
+    EXTRA_CONFIGS as _EXTRA_CONFIGS,
+)
+from cutedsl_inductor.kernels.gemm.problem import can_implement, why_not  # noqa: E402
+from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm  # noqa: E402
+from cutedsl_inductor.kernels.gemm.standalone import compile_sm90_gemm  # noqa: E402
 
 
 def config_name(cfg):
@@ -67,7 +69,8 @@ def test_epilogue_hook_override_compiles():
     """A fused `relu(alpha * acc) * scale[n]` with an extra per-column tensor."""
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     class ScaledReluGemm(Sm90Gemm):
         @cute.jit
@@ -94,7 +97,8 @@ def test_epilogue_hook_override_compiles():
 def _ptx_of(gemm, directory):
     """The PTX of ``gemm`` compiled GPU-less (bf16, K-major operands, no bias)."""
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     directory.mkdir()
     a, b, c, bias = make_fake_gemm_args()
@@ -454,8 +458,8 @@ def test_subtile_coordinates_match_the_smem_store(cfg, c_dtype):
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.tensor_utils import LayoutEnum
 
-    from cutedsl_inductor.template.defines import cutlass_dtype
-    from cutedsl_inductor.templates.gemm.config import gemm_dtype
+    from cutedsl_inductor.compile.dtypes import cutlass_dtype
+    from cutedsl_inductor.kernels.gemm.config import gemm_dtype
 
     gemm = Sm90Gemm(**cfg)
     row = LayoutEnum.ROW_MAJOR
@@ -557,7 +561,8 @@ class SwigluGemm(Sm90Gemm):
 def compile_swiglu(cfg, ab="bf16", a_major="k", b_major="k", kernel=None):
     """The two-weight kernel of ``cfg`` (or ``kernel``) compiled on fake tensors."""
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     store = cfg.get("store", "tma")
     c_major = "m" if cfg["swiglu"] == "a" else "n"  # swap-AB writes C^T
@@ -617,7 +622,7 @@ def test_swiglu_config_errors_and_configs():
     assert "two accumulators" in config_error(tile_m=128, tile_n=256, swiglu="b")
     assert "must be" in config_error(swiglu="c")
     assert config_error(tile_m=128, tile_n=128, swiglu="b") is None
-    from cutedsl_inductor.templates.gemm.heuristic import swiglu_configs
+    from cutedsl_inductor.kernels.gemm.heuristic import swiglu_configs
 
     for m, n in ((128, 14336), (8192, 4096)):
         configs = swiglu_configs(m, n, 4096)
@@ -632,7 +637,7 @@ def test_swiglu_config_errors_and_configs():
 
 
 def test_swiglu_configs_swap_ab_first_for_small_m():
-    from cutedsl_inductor.templates.gemm.heuristic import swiglu_configs
+    from cutedsl_inductor.kernels.gemm.heuristic import swiglu_configs
 
     for m in (1, 16, 32):
         configs = swiglu_configs(m, 14336, 4096)
@@ -647,7 +652,8 @@ def test_swiglu_configs_swap_ab_first_for_small_m():
 
 def test_swiglu_needs_its_second_weight():
     from cutlass.runtime import make_fake_stream
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     a, b, c, _ = make_fake_gemm_args()
     with pytest.raises(ValueError, match="second weight"):
@@ -673,7 +679,7 @@ def test_a_tile_input_needs_a_16_bit_c():
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from cutedsl_inductor.templates.gemm.standalone import make_fake_gemm_args
+    from cutedsl_inductor.kernels.gemm.standalone import make_fake_gemm_args
 
     class Fp32Residual(Sm90Gemm):
         @cute.jit

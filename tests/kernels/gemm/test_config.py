@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from cutedsl_inductor.templates.gemm.config import GemmConfig, config_error
+from cutedsl_inductor.kernels.gemm.config import GemmConfig, config_error
 
 
 def test_defaults_are_a_valid_cooperative_128x128_config():

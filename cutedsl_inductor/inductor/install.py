@@ -1,0 +1,37 @@
+"""``install()``: what importing the package does to Inductor (idempotent).
+
+It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
+scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
+(``cache_key``), our GEMM choices (``choices``), the clock settling before autotuning
+(``autotune/select.py``), our pre-fusion pass (``multi_template``) and the SwiGLU rewrite
+(``swiglu``). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
+off Inductor's output code is what it would be without the package; every pass is keyed
+for the FX graph cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch._inductor.codegen import common
+
+from ..autotune.select import install_clock_settling
+from .cache_key import install_cache_key
+from .choices import install_choices
+from .multi_template import install_pre_fusion_pass
+from .scheduling import CuteDSLCombinedScheduling
+from .swiglu import install_swiglu
+
+
+def install() -> None:
+    common.init_backend_registration()
+    install_cache_key()
+    install_choices()
+    install_clock_settling()
+    install_pre_fusion_pass()
+    install_swiglu()
+    current = common.device_codegens["cuda"]
+    if current.scheduling is not CuteDSLCombinedScheduling:
+        common.device_codegens["cuda"] = dataclasses.replace(
+            current, scheduling=CuteDSLCombinedScheduling
+        )
