@@ -37,7 +37,8 @@ from typing import Any
 from .. import config
 from ..exc import ConfigError, KernelCompileError, format_params
 from . import versions
-from .disk_cache import default_cache, export_object, manifest_fields
+from .disk_cache import default_cache, manifest_fields
+from .objects import export_object
 from .portable import record_artifact
 from .remote_cache import default_tier
 from .specs import ArgSpec, fake_arguments, specs_key

@@ -48,8 +48,9 @@ from typing import Any, NamedTuple
 from .. import config
 from ..exc import CacheEntryError
 from . import versions
-from .cache_files import Folder, make_dirs, private_dir
+from .cache_files import Folder, make_dirs
 from .integrity import check_seal, read_secret, seal
+from .objects import load_object, symbol_for
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,6 @@ def _cache_for(root: Path) -> "KernelDiskCache":
 
 def default_cache() -> "KernelDiskCache":
     return _cache_for(default_root())
-
-
-def symbol_for(key: str) -> str:
-    return f"cutedsl_{key[:24]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +291,7 @@ class Entry:
             except FileNotFoundError:
                 data = None
             fields = self._check(manifest, data)
-            module, function = _load_object(data, symbol_for(self.key))
+            module, function = load_object(data, symbol_for(self.key))
         except OSError as err:
             self.cache.fault("read an entry", err, "compiling it")
             return None
@@ -337,7 +334,7 @@ class Entry:
     def adopt(self, data: bytes, fields: dict[str, Any]) -> Any:
         """Load the function from ``data`` (an object verified elsewhere: the remote
         tier's), then store it here; raises what loading raises."""
-        module, function = _load_object(data, symbol_for(self.key))
+        module, function = load_object(data, symbol_for(self.key))
         self.cache._modules[self.key] = module
         self.store(data, fields)
         return function
@@ -382,28 +379,3 @@ def manifest_fields(describe: dict[str, Any]) -> dict[str, Any]:
     fields = {name: describe.get(name) for name in MANIFEST_FIELDS}
     fields["params"] = {k: repr(v) for k, v in describe.get("params", {}).items()}
     return fields
-
-
-def export_object(compiled: Any, key: str) -> bytes | None:
-    """``compiled`` (a TVM-FFI compiled function) as an object file exporting
-    ``symbol_for(key)``; None, with a warning, where it cannot be exported."""
-    try:
-        with private_dir() as folder:
-            compiled.export_to_c(str(folder / "kernel.o"), function_name=symbol_for(key))
-            return (folder / "kernel.o").read_bytes()
-    except Exception:
-        log.warning("could not export CuteDSL kernel %s; it is kept in memory only", key,
-                    exc_info=True)
-        return None
-
-
-def _load_object(data: bytes, symbol: str) -> tuple[Any, Any]:
-    """(module, function) loaded from ``data``, through a private copy of it."""
-    import cutlass.cute as cute
-
-    with private_dir() as folder:
-        path = folder / "kernel.o"
-        with open(path, "xb") as f:
-            f.write(data)
-        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-        return module, getattr(module, symbol)

@@ -85,8 +85,8 @@ def test_a_decision_is_reused_only_for_the_same_candidates_sizes_and_gpu(timings
 
     from cutedsl_inductor import config
     from cutedsl_inductor.autotune import retime
-    from cutedsl_inductor.compile import decisions
     from cutedsl_inductor.bench.lowering import H200_PROPERTIES
+    from cutedsl_inductor.compile import decisions
 
     calls = {"a": lambda: None, "b": lambda: None}
     retime.fastest_in_rounds(calls, "64x64")

@@ -8,9 +8,9 @@ import pytest
 
 from cutedsl_inductor import CuteDSLTemplate, config
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.runtime import workers
 from cutedsl_inductor.exc import KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
+from cutedsl_inductor.runtime import workers
 from tests.helpers import make_input, make_layout
 from tests.runtime.test_loader import BROKEN_SOURCE
 
