@@ -35,7 +35,7 @@ def test_llama_under_max_autotune_with_cutedsl(workload, fusion, caches, kernels
     # our GEMM the only GEMM backend: every GEMM it can take runs on it (and autotuning
     # times no Triton template); the others fall back to ATen
     case = Case("llama", workload, "cutedsl", fusion=fusion, gemm_backends="CUTEDSL",
-                steps=2, warmup=1)
+                steps=10, warmup=2)
     row = run_child(case, caches, kernels)
     print(row)
     assert row["ok"], row
