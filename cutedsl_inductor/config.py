@@ -9,7 +9,7 @@ what it does, and two things about the code it steers. ``changes_code``: generat
 (output code, kernels) depends on it, so ``snapshot()`` -- part of Inductor's FX graph
 cache key -- holds it. ``locates_binary``: finding or building a kernel's binary depends
 on it, so a benchmark request carries it to Inductor's tuning process
-(``binary_knobs()``). The README's configuration table is ``docs_table()``.
+(``binary_knobs()``). docs/configuration.md's table is ``docs_table()``.
 
 The Redis address is Inductor's own (its remote caches read the same variables), so one
 setting serves both.

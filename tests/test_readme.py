@@ -1,7 +1,7 @@
 """The README's quick start: its template renders and compiles (GPU-less for sm_90a), and
 its whole code runs as written on a GPU; without one (CPU tensors) it ends in an error
-that says why, naming the template. Its knob table is config.py's, and the docs link
-nowhere but into the repository and to upstream's pages."""
+that says why, naming the template. The knob table (docs/configuration.md) is config.py's,
+and the docs link nowhere but into the repository and to upstream's pages."""
 
 import os
 import re
@@ -34,8 +34,9 @@ def run_quick_start(code, tmp_path):
 
 
 def test_the_configuration_table_is_config_py_s():
-    """The README's knob table is ``config.docs_table()`` (paste its output to update)."""
-    assert config.docs_table() in README.read_text(), config.docs_table()
+    """docs/configuration.md's knob table is ``config.docs_table()`` (paste its output to update)."""
+    table = config.docs_table()
+    assert table in (ROOT / "docs" / "configuration.md").read_text(), table
 
 
 def test_links_stay_in_the_repository_or_go_to_upstream_pages():
