@@ -73,9 +73,9 @@ import cutedsl_inductor
 package_s = time.perf_counter() - start - torch_s
 from cutedsl_inductor.bench.lowering import kernel_definitions
 from cutedsl_inductor.compile import compiler
-module = ast.parse(open(sys.argv[1]).read())
-ours = [n for n in module.body if isinstance(n, ast.ImportFrom)
-        and (n.module or "").startswith("cutedsl_inductor")] + kernel_definitions(ast.unparse(module))
+text = open(sys.argv[1]).read()
+ours = [n for n in ast.parse(text).body if isinstance(n, ast.ImportFrom)
+        and (n.module or "").startswith("cutedsl_inductor")] + kernel_definitions(text)
 namespace, loads, phases = {}, [], {}
 profile = cProfile.Profile() if sys.argv[3] == "1" else None
 for node in ours:
