@@ -86,10 +86,14 @@ def load_library(data: bytes, symbol: str) -> tuple[Any, Any]:
         return module, module[symbol]
 
 
-@functools.cache
-def _warn_once(what: str) -> None:
-    log.warning("CuteDSL kernels are cached without a shared library (%s): a process "
-                "that loads them imports CuTe DSL", what)
+_WARNED: set[str] = set()
+
+
+def _warn_once(cause: str, detail: str = "") -> None:
+    if cause not in _WARNED:
+        _WARNED.add(cause)
+        log.warning("CuteDSL kernels are cached without a shared library (%s%s): a process "
+                    "that loads them imports CuTe DSL", cause, detail)
 
 
 def link_library(data: bytes) -> bytes | None:
@@ -111,8 +115,8 @@ def link_library(data: bytes) -> bytes | None:
             subprocess.run(args, check=True, capture_output=True, text=True, timeout=120)
             return (folder / "kernel.so").read_bytes()
         except (OSError, subprocess.SubprocessError) as err:
-            stderr = getattr(err, "stderr", None) or ""
-            _warn_once(f"{compiler} failed: {err} {stderr.strip()[-500:]}".strip())
+            stderr = (getattr(err, "stderr", None) or "").strip()[-500:]
+            _warn_once(f"{compiler} failed", f": {err} {stderr}".rstrip())
             return None
 
 

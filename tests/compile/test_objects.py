@@ -50,13 +50,22 @@ def test_an_entry_holds_a_library_that_loads_without_cute_dsl(graph, kernel_cach
     assert isinstance(function, tvm_ffi.Function)
 
 
-def test_without_a_c_compiler_entries_hold_the_object_and_load_through_cute_dsl(
-        graph, kernel_cache_dir, tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
-    objects._warn_once.cache_clear()
+@pytest.mark.parametrize("cc", [None, "failing"])
+def test_where_nothing_links_entries_hold_the_object_and_load_through_cute_dsl(
+        graph, kernel_cache_dir, tmp_path, monkeypatch, caplog, cc):
+    """No C compiler on PATH, or one that fails: one warning, and the entries load."""
+    if cc == "failing":
+        script = tmp_path / "cc"
+        script.write_text("#!/bin/sh\necho 'cannot find -lcute_dsl_runtime' >&2\nexit 1\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang but that one
+    monkeypatch.setattr(objects, "_WARNED", set())
     fresh_process_load(graph)
     fresh_process_load(graph, threads=256)
-    assert caplog.text.count("cached without a shared library (no C compiler)") == 1
+    assert caplog.text.count("cached without a shared library (") == 1
+    cause = "(no C compiler)" if cc is None else "cc failed: Command"
+    assert cause in caplog.text
+    assert cc is None or "cannot find -lcute_dsl_runtime" in caplog.text
     assert list(Path(kernel_cache_dir).glob("*/*.so")) == []
     wrapper = fresh_process_load(graph)
     assert compiler.stats["disk_hits"] == 1 and isinstance(wrapper.kernel_fn, tvm_ffi.Function)
