@@ -197,7 +197,9 @@ def measure(case: Case) -> dict[str, Any]:
             "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
             "fx_bypasses": counters["inductor"]["fxgraph_cache_bypass"]
             + counters["inductor"]["fxgraph_cache_pickle_error"],
-            "retimed": len(retime._WINNERS)}
+            "retimed": len(retime._WINNERS),
+            # a warm process's kernels load without CuTe DSL (``runtime/loader.py``)
+            "cutlass_imported": "cutlass" in sys.modules}
 
 
 def _median_step_ms(step: Any, model: Any, case: Case) -> float:
