@@ -170,8 +170,10 @@ def document_bias(score, b, h, q_idx, kv_idx):  # a captured tensor indexed by a
     return score + DOC_BIAS[DOC_IDS_LONG[q_idx]]
 
 
-def blocks_and_strides(b, h, q_idx, kv_idx):  # integer // and % (Python's rounding)
-    return ((q_idx // 4) == (kv_idx // 4)) | ((kv_idx % 8) == 0) | ~(h == b)
+def integer_arithmetic(b, h, q_idx, kv_idx):  # //, %, trunc division, fmod, bitwise
+    d = q_idx - kv_idx
+    return (((q_idx // 4) == (kv_idx // 4)) | ((kv_idx % 8) == 0) | ~(h == b)
+            | (torch.div(d, 3, rounding_mode="trunc") == torch.fmod(d, 5)) | ((d & 1) == 0))
 
 
 def many_ops(score, b, h, q_idx, kv_idx):  # where, comparisons, exp, abs, casts, div
@@ -253,9 +255,12 @@ def test_an_int64_value_read_from_one_capture_indexes_another(graph):
     assert "captures[1][" in kernel and entry.count("cute.make_tensor(") == 2
 
 
-def test_integer_floordiv_and_remainder(graph):
-    kernel, _ = choice_text(choice_for(graph, mask_mod=blocks_and_strides))
-    assert " // " in kernel and "~" in kernel
+def test_integer_division_remainders_and_bitwise_logic(graph):
+    kernel, _ = choice_text(choice_for(graph, mask_mod=integer_arithmetic))
+    # floor division is CuTe's //; Python's % is a - (a // b) * b; C's / and % (trunc,
+    # fmod) correct the floor by one where inexact with operands of opposite signs
+    assert kernel.count(" // ") == 5 and "~" in kernel and " & " in kernel
+    assert kernel.count("cutlass.Int32(cutlass.select_(") == 2
 
 
 def test_a_bare_subgraph_typed_by_the_hook(graph):
@@ -316,3 +321,19 @@ def test_an_untyped_placeholder_is_refused(graph, caplog):
 def test_a_missing_subgraph_is_refused(graph, caplog):
     err = refused(graph, caplog, score_mod=soft_cap, subgraphs=[])
     assert "IndexError: the choice has 0 subgraph(s)" in err
+
+
+def test_index_expr_of_indirect_indices_and_a_stray_symbol():
+    """No flex mod we know makes ``index_expr``; Inductor may, from indirect indices."""
+    import sympy
+
+    from cutedsl_inductor.template.subgraph import Captures, SubgraphToCuteDSL
+
+    handler = SubgraphToCuteDSL({"m": "q_idx"}, {"m": torch.int32}, Captures([]), "t")
+    index = handler.indirect_indexing(handler.load("m", 0), S, wrap_neg=False)
+    value = handler.index_expr(2 * index + 1, torch.float32)
+    assert handler.lines[-2:] == [f"t1 = cutlass.Int32(1 + 2*{index})",
+                                  "t2 = t1.to(cutlass.Float32)"]
+    assert handler.dtype_of(value) == torch.float32
+    with pytest.raises(NotImplementedError, match="runtime values in s0"):
+        handler.index_expr(index + sympy.Symbol("s0"), torch.int32)
