@@ -135,6 +135,7 @@ REL_BIAS = torch.randn(H, 2 * S - 1)
 DOC_IDS = torch.tensor([0] * 5 + [1] * 7 + [2] * 4, dtype=torch.int32)
 DOC_IDS_LONG = DOC_IDS.long()
 DOC_BIAS = torch.randn(3)
+TEMPERATURE = torch.tensor(0.5)
 WINDOW = 4
 
 
@@ -212,6 +213,12 @@ def test_relative_position_bias_indexes_a_2d_table(graph):
     # row h, column q_idx - kv_idx + 15, contiguous rows of 2 * S - 1
     assert re.search(rf"captures\[0\]\[mod0_0_\d+ \+ {2 * S - 1}\*mod0_0_\d+\]", read), read
     assert "mod0_0_9 = mod0_0_7 - mod0_0_8" in kernel and "mod0_0_7 = (q_idx)" in kernel
+
+
+def test_a_captured_0d_tensor_is_read_at_0(graph):
+    kernel, entry = choice_text(choice_for(graph, score_mod=lambda score, b, h, q, kv:
+                                           score * TEMPERATURE))
+    assert "mod0_0_1 = captures[0][0]" in kernel and entry.count("cute.make_tensor(") == 1
 
 
 def test_identity_score_mod_returns_the_score(graph):
