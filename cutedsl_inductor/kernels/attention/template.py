@@ -24,6 +24,7 @@ from typing import Any
 import sympy
 import torch
 
+from ... import config
 from ...compile.compiler import target_arch
 from ...template.subgraph import ModificationSubgraph
 from ...template.template import CuteDSLTemplate
@@ -31,6 +32,8 @@ from . import sm90_flex  # noqa: F401  (the rendered module imports it: fail ear
 from .config import FlexConfig, default_configs
 
 log = logging.getLogger(__name__)
+
+SCORE_INDEX_DTYPES = {name: torch.int32 for name in "bhmn"}
 
 FLEX_INPUTS = ("q", "k", "v", "lse", "max", "kv_num_blocks", "kv_indices",
                "full_kv_num_blocks", "full_kv_indices")
@@ -108,11 +111,12 @@ def why_not(nodes: list[Any], layout: Any) -> str | None:
 
 
 def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: list[Any],
-                 placeholders: list[list[Any]], options: dict[str, Any]) -> str | None:
+                 options: dict[str, Any]) -> str | None:
     """Append our choices for one flex_attention lowering; return why none, or None.
-    ``subgraphs``: the score and mask ComputedBuffers; ``placeholders``: the score
-    subgraph's placeholder boxes (their dtypes type it); ``options``: flex's kernel
-    options (SM_SCALE, SPARSE_*_BLOCK_SIZE, HAS_FULL_BLOCKS)."""
+    ``nodes``: flex's autotuning inputs; ``subgraphs``: the score and mask
+    ComputedBuffers (``build_subgraph_buffer``'s; the score's placeholder is typed as the
+    query, as flex types it); ``options``: flex's kernel options (SM_SCALE,
+    SPARSE_*_BLOCK_SIZE, HAS_FULL_BLOCKS). At most ``config.flex_max_configs`` choices."""
     reason = why_not(nodes, layout)
     if reason is not None:
         return reason
@@ -127,8 +131,10 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
     if not configs:
         return (f"no config fits the BlockMask's blocks ({options['SPARSE_Q_BLOCK_SIZE']}, "
                 f"{options['SPARSE_KV_BLOCK_SIZE']})")
-    score = ModificationSubgraph.of(subgraphs[0], placeholders[0])
+    score = ModificationSubgraph(subgraphs[0], {"score": nodes[0].get_dtype(),
+                                                **SCORE_INDEX_DTYPES})
     errors = []
+    configs = configs[:config.flex_max_configs]
     for cfg in configs:
         error = flex_template.maybe_append_choice(
             choices, input_nodes=list(nodes), layout=layout,
