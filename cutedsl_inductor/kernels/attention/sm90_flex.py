@@ -124,7 +124,7 @@ class Sm90FlexAttention:
             LayoutEnum.from_tensor(k).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
             (WG_M, bn))
         self.pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K,
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K,
             LayoutEnum.from_tensor(v).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
             (WG_M, d), warpgroup.OperandSource.RMEM)
         qk_tile = (WG_M, bn, d)
