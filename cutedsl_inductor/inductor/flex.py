@@ -32,8 +32,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from .. import config
 
 log = logging.getLogger(__name__)
