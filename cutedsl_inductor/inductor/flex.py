@@ -20,7 +20,8 @@ cannot take (a reason from ``kernels/attention/template.py``), a choice that fai
 render (a ``SubgraphError``: a score_mod that does not translate) and one that fails to
 compile or run are dropped with a logged reason; the Triton choices remain. The paths
 that do not reach the Triton template (flex decoding, the FLASH backend, CPU) get no
-choice of ours (logged at debug).
+choice of ours (logged at debug): under ``BACKEND="AUTO"`` a query shorter than 128
+takes flex decoding; ``BACKEND="TRITON"`` keeps it on the template path.
 """
 
 from __future__ import annotations
