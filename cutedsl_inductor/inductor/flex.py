@@ -15,6 +15,10 @@ Both names exist in torch 2.11 and 2.13's ``torch/_inductor/kernel/flex/flex_att
 where either is missing nothing is wrapped and Inductor's lowering runs unchanged (a
 warning says so once).
 
+A BlockMask without full blocks (flex's "no mask" one) makes the lowering pass
+``empty(0)`` tensors in their place, never read, which no CuTe kernel can take (a
+0-extent layout): within the call its ``empty`` makes them of one element instead.
+
 Failure semantics: switched off, nothing changes. Switched on, a problem our kernel
 cannot take (a reason from ``kernels/attention/template.py``), a choice that fails to
 render (a ``SubgraphError``: a score_mod that does not translate) and one that fails to
@@ -69,6 +73,7 @@ class _Offer:
         self.module = module
         self.template = module.flex_attention_template
         self.select = module.autotune_select_algorithm
+        self.empty = getattr(module, "empty", None)
         self.seen: dict[str, Any] | None = None
 
     def maybe_append_choice(self, *args: Any, **kwargs: Any) -> Any:
@@ -106,15 +111,25 @@ class _Offer:
         else:
             log.debug("flex_attention: %d CuteDSL choice(s) offered", len(choices) - before)
 
+    def nonempty(self, *size: Any, **kwargs: Any) -> Any:
+        """``empty`` with a 0-element 1-D size made 1 (the unused full-block tensors)."""
+        if size in ((0,), ([0],)):
+            size = (1,)
+        return self.empty(*size, **kwargs)
+
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
         self.module.flex_attention_template = self
         self.module.autotune_select_algorithm = self.autotune_select_algorithm
+        if self.empty is not None:
+            self.module.empty = self.nonempty
         try:
             yield
         finally:
             self.module.flex_attention_template = self.template
             self.module.autotune_select_algorithm = self.select
+            if self.empty is not None:
+                self.module.empty = self.empty
 
 
 def _flex_module() -> Any:

@@ -21,7 +21,11 @@ from torch._inductor.select_algorithm import TritonTemplate
 from torch._inductor.virtualized import V
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.nn.attention.flex_attention import _apply_kernel_options, create_block_mask
+from torch.nn.attention.flex_attention import (
+    _apply_kernel_options,
+    _create_empty_block_mask,
+    create_block_mask,
+)
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor import flex
@@ -54,11 +58,15 @@ def virtual_flex(monkeypatch):
     monkeypatch.setattr(config, "flex_max_configs", 1)
 
 
-def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D):
-    """The output code of flex_attention(q, k, v) with a causal BlockMask and
-    ``options`` as kernel_options; ``captured``: (shape, dtype) of score_mod's extra
-    inputs (graph inputs, passed as the HOP's score_mod_other_buffers)."""
-    block_mask = create_block_mask(causal, B, H, S, S, device="cpu")
+def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D, masked=True):
+    """The output code of flex_attention(q, k, v) with a causal BlockMask (``masked``;
+    else flex's "no mask" one) and ``options`` as kernel_options; ``captured``: (shape,
+    dtype) of score_mod's extra inputs (graph inputs, passed as the HOP's
+    score_mod_other_buffers)."""
+    if masked:
+        block_mask = create_block_mask(causal, B, H, S, S, device="cpu")
+    else:
+        block_mask = _create_empty_block_mask(torch.empty(B, H, S, D), torch.empty(B, H, S, D))
     parts = block_mask.as_tuple()
     where = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor)]
     score_mod = score_mod or (lambda score, b, h, m, n: score)
@@ -110,6 +118,21 @@ def test_the_knob_offers_it_for_every_call_with_captured_tensors(virtual_flex, m
     ours = our_kernels(code)
     assert len(ours) == 1
     assert "captures[0][" in ours[0].value.args[1].value  # the slopes, read by the kernel
+    load_kernels(ours)
+
+
+def test_no_mask_walks_one_huge_block_as_the_tiles_of_kv_len(virtual_flex):
+    """flex's "no mask" BlockMask is one block of 2**30 without full blocks: the unused
+    full-block tensors come as one element each, not empty (no CuTe layout has a
+    0 extent), and the kernel walks only the tiles of KV_LEN
+    (``Sm90FlexAttention.steps_per_block``)."""
+    code = lower({"CUTEDSL": True}, masked=False)
+    ours = our_kernels(code)
+    assert len(ours) == 1
+    source = ours[0].value.args[1].value
+    assert "SPARSE_KV_BLOCK: cutlass.Constexpr = 1073741824" in source
+    assert "HAS_FULL_BLOCKS: cutlass.Constexpr = False" in source
+    assert code.count("empty_strided_cuda((1, ), (1, ), torch.float32)") == 2
     load_kernels(ours)
 
 

@@ -17,8 +17,9 @@ no key reaches gets O = 0, LSE = -inf, max = -inf (as Triton's).
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
 ``kv_num_blocks`` partial blocks (``kv_indices``), then ``full_kv_num_blocks`` full
-ones (``full_kv_indices``); each block is ``sparse_kv_block // block_n`` KV tiles.
-Producer and consumers walk the same list; blocks not listed are never loaded.
+ones (``full_kv_indices``); each block is ``sparse_kv_block // block_n`` KV tiles, of
+which those before KV_LEN's last tile are walked (as Triton caps its walk). Producer
+and consumers walk the same list; blocks not listed are never loaded.
 
 Hooks (the template overrides them with the rendered subgraphs): ``score_mod(score, b,
 h, q_idx, kv_idx, in_bounds, captures)`` -> Float32 and ``mask_mod(b, h, q_idx, kv_idx,
@@ -155,6 +156,9 @@ class Sm90FlexAttention:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.smem_struct = FlexSmem
+        # KV tiles walked per listed block: a block reaching past KV_LEN (flex's
+        # "no mask" BlockMask is one block of 2**30) stops at the last tile of KV_LEN
+        self.steps_per_block = min(self.config.kv_tiles_per_block, (kv_len + bn - 1) // bn)
         q_tiles = (q_len + BLOCK_M - 1) // BLOCK_M
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, mMax, kv_num, kv_idx, full_num,
@@ -223,8 +227,9 @@ class Sm90FlexAttention:
         """The KV tile index of step ``t`` of the walk, and whether its block is partial."""
         sb, sh, qb, partial, full, kv_idx, full_idx = blocks
         per_block = self.config.kv_tiles_per_block
-        j = t // per_block
-        sub = t - j * per_block
+        steps = self.steps_per_block
+        j = t // steps
+        sub = t - j * steps
         block = cutlass.Int32(0)
         is_partial = j < partial
         if is_partial:
@@ -255,7 +260,7 @@ class Sm90FlexAttention:
                       tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
         q_pipe.producer_commit(q_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        total = (blocks[3] + blocks[4]) * self.config.kv_tiles_per_block
+        total = (blocks[3] + blocks[4]) * self.steps_per_block
         for t in cutlass.range(total, unroll=1):
             n_tile, _ = self.kv_tile_of(blocks, t)
             kv_pipe.producer_acquire(state)
@@ -292,7 +297,7 @@ class Sm90FlexAttention:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_pipe.consumer_wait(q_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        total = (blocks[3] + blocks[4]) * self.config.kv_tiles_per_block
+        total = (blocks[3] + blocks[4]) * self.steps_per_block
         for t in cutlass.range(total, unroll=1):
             n_tile, is_partial = self.kv_tile_of(blocks, t)
             kv_pipe.consumer_wait(state)

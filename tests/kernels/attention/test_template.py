@@ -66,6 +66,19 @@ def test_the_kernel_compiles(graph, dtype, head_dim, mods):
         assert " >= " in kernel
 
 
+def test_one_huge_block_without_full_blocks_compiles(graph):
+    """flex's "no mask" BlockMask: one block of 2**30, no full blocks (their tensors one
+    unused element each, as ``inductor/flex.py`` makes them)."""
+    nodes, layout, subgraphs = flex_inputs(graph)
+    nodes[7] = make_input(graph, "no_full_num", (1,))
+    nodes[8] = make_input(graph, "no_full_idx", (1,))
+    choices = []
+    options = {**OPTIONS, "SPARSE_Q_BLOCK_SIZE": 1 << 30, "SPARSE_KV_BLOCK_SIZE": 1 << 30,
+               "HAS_FULL_BLOCKS": False}
+    assert flex_choices(choices, nodes, layout, subgraphs, options) is None
+    choices[0].load()
+
+
 def test_gqa_compiles(graph):
     nodes, layout, subgraphs = flex_inputs(graph, kv_heads=2, mods=MODS["causal"])
     choices = []
