@@ -27,14 +27,14 @@ MODS = {"none": (None, None), "causal": (None, causal), "alibi": (alibi, None),
 
 
 def flex_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_heads=H,
-                v_head_dim=None):
+                v_head_dim=None, kv_batch=B):
     """flex's autotuning inputs (q, k, v, lse, max, the BlockMask's four tensors, the
     captured buffers), the output layout and the two subgraphs' bodies."""
     score_mod, mask_mod = mods
     score_gm, mask_gm, score_caps, mask_caps = traced(score_mod, mask_mod)
     q = make_input(graph, "q", (B, H, S, head_dim), dtype)
-    k = make_input(graph, "k", (B, kv_heads, S, head_dim), dtype)
-    v = make_input(graph, "v", (B, kv_heads, S, v_head_dim or head_dim), dtype)
+    k = make_input(graph, "k", (kv_batch, kv_heads, S, head_dim), dtype)
+    v = make_input(graph, "v", (kv_batch, kv_heads, S, v_head_dim or head_dim), dtype)
     lse, mx = make_input(graph, "lse", (B, H, S)), make_input(graph, "mx", (B, H, S))
     blocks = (S + 127) // 128
     sparse = [make_input(graph, name, shape, torch.int32) for name, shape in [
@@ -79,8 +79,13 @@ def test_one_huge_block_without_full_blocks_compiles(graph):
     choices[0].load()
 
 
-def test_gqa_compiles(graph):
-    nodes, layout, subgraphs = flex_inputs(graph, kv_heads=2, mods=MODS["causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kv_batch", [B, 1])
+def test_gqa_compiles(graph, head_dim, kv_batch):
+    """GQA (2 KV heads for 4) and a broadcast KV batch, both head dims: K's and V's
+    TMA tensors stay within TMA's 5 dimensions."""
+    nodes, layout, subgraphs = flex_inputs(graph, head_dim=head_dim, kv_heads=2,
+                                           kv_batch=kv_batch, mods=MODS["causal"])
     choices = []
     assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
     choices[0].load()
