@@ -179,6 +179,14 @@ fused_choice_candidates: int = _knob(
     "fused_choice_candidates", "CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, Integer(0, 64),
     "our fastest GEMM choices timed again with their epilogue fused (< 2: none)",
     changes_code=True)
+flex_attention: bool = _knob(
+    "flex_attention", "CUTEDSL_INDUCTOR_FLEX_ATTENTION", False, Boolean(),
+    "offer our FlexAttention forward in every flex_attention lowering (one call: "
+    "`kernel_options={\"CUTEDSL\": True}`), timed against Inductor's Triton kernel",
+    changes_code=True)
+flex_max_configs: int = _knob(
+    "flex_max_configs", "CUTEDSL_INDUCTOR_FLEX_MAX_CONFIGS", 2, Integer(1, 8),
+    "FlexAttention configs offered per lowering", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

@@ -45,6 +45,16 @@ class TemplateRenderError(CuteDSLInductorError):
     )
 
 
+class SubgraphError(TemplateRenderError):
+    """A ``{{modification(...)}}`` hook cannot render its subgraph (``template/subgraph.py``):
+    the choice is refused with the reason."""
+
+    message = (
+        "CuteDSL template {template!r} with parameters [{params}] cannot render subgraph "
+        "{subgraph} as CuTe DSL, so the choice is refused: {cause}"
+    )
+
+
 class ChoiceError(CuteDSLInductorError):
     message = (
         "CuteDSL template {template!r} could not make a choice with parameters "

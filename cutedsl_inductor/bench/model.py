@@ -46,6 +46,7 @@ from .. import config
 from ..autotune import retime
 from ..compile import compiler
 from .args import one_of, output_folder, parse_count
+from .model_profile import profile_steps, table
 from .model_report import add_ratios, line, plot, summary, write_csv
 
 FAMILIES = ("llama", "gpt2")
@@ -67,6 +68,7 @@ class Case:
     gemm_backends: str = ""  # "": the variant's (BACKENDS)
     steps: int = 15
     warmup: int = 3
+    profile: int = 0  # steps run under torch.profiler after the timed ones (model_profile)
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -184,6 +186,9 @@ def measure(case: Case) -> dict[str, Any]:
             error = max(error, _rel_errors(_outputs(model, result, train)[1:], doubled))
         del result, outputs
         ms = _median_step_ms(lambda: _step(runner, ids, train), model, case)
+        gpu = (profile_steps(lambda: _step(runner, ids, train),
+                             lambda: model.zero_grad(set_to_none=True), case.profile, ms)
+               if case.profile else {})
         # the last timed step (a CUDA graph's replay, where graphs are on) is checked too
         model.zero_grad(set_to_none=True)
         error = max(error, _rel_errors(_outputs(model, _step(runner, ids, train), train), refs))
@@ -197,7 +202,9 @@ def measure(case: Case) -> dict[str, Any]:
             "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
             "fx_bypasses": counters["inductor"]["fxgraph_cache_bypass"]
             + counters["inductor"]["fxgraph_cache_pickle_error"],
-            "retimed": len(retime._WINNERS)}
+            "retimed": len(retime._WINNERS),
+            # a warm process's kernels load without CuTe DSL (``runtime/loader.py``)
+            "cutlass_imported": "cutlass" in sys.modules, **gpu}
 
 
 def _median_step_ms(step: Any, model: Any, case: Case) -> float:
@@ -252,7 +259,8 @@ def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
                 fusions = args.fusion if variant == "cutedsl" else [None]
                 for fusion in fusions:
                     case = Case(family, workload, variant, layers=args.layers, batch=batch,
-                                seq=seq, fusion=fusion, steps=args.steps)
+                                seq=seq, fusion=fusion, steps=args.steps,
+                                profile=args.profile)
                     cases.append((case, f"{family}-{workload}-{variant}"))
     return cases
 
@@ -309,6 +317,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=_parse_tokens, default=None,
                    help="BATCHxSEQ for every workload (default: each workload's own)")
     p.add_argument("--steps", type=parse_count, default=15)
+    p.add_argument("--profile", type=parse_count, default=0, metavar="N",
+                   help="also run N steps under torch.profiler: GPU ms per step by kernel "
+                   "category, and the time no kernel ran (default 0: off)")
     p.add_argument("--no-warm", dest="warm", action="store_false",
                    help="skip the warm second process of each variant")
     p.add_argument("--out", type=output_folder, default=Path("bench-out"))
@@ -317,6 +328,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     rows = run(args)
     print(summary(rows))
+    print(table(rows))
     plot(rows, args.out / "model_bench.png")
     print(f"\nwrote {args.out / 'model_bench.csv'} and {args.out / 'model_bench.png'}")
     return 0 if all(r["ok"] and r.get("warm_ok", True) for r in rows) else 1

@@ -11,7 +11,9 @@ is looked up in the remote tier (``remote_cache.py``) before compiling, what is 
 is stored and published there, and every kernel this process gets is recorded for
 torch.compile's cache artifacts (``artifacts.py``). ``compile_entry`` compiles a
 ``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch
-stream); the result takes torch tensors directly. ``JitOnce`` gives upstream-style
+stream); the result takes torch tensors directly. ``cached_kernel`` is the part of it
+that needs neither the entry nor CuTe DSL (memory, then the disk cache): a warm process
+gets its kernels from it without running their source. ``JitOnce`` gives upstream-style
 modules, whose plain Python entry calls a ``@cute.jit`` function itself, the same
 compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key__`` of
 each argument).
@@ -20,7 +22,9 @@ Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming th
 template, parameters and generated file; nothing is cached for it. An arch CuTe DSL
 does not know, or compile options that set what the package sets itself (the arch,
 TVM-FFI, the host target: an entry's label must be what it holds), are ``ConfigError``
-before anything compiles.
+before anything compiles (the arch is checked where it compiles: a process that only
+loads cached kernels does not import CuTe DSL to check it, and no entry holds an arch
+CuTe DSL does not know).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def entry_name(kernel_name: str) -> str:
 def target_arch() -> str:
     """``config.arch``, else the current GPU's (``sm_90a`` on Hopper), else sm_90a."""
     if config.arch:
-        return check_cute_arch(config.arch, "cutedsl_inductor.config.arch")
+        return config.arch
     import torch
 
     if torch.cuda.is_available():
@@ -104,6 +108,7 @@ def is_cute_jit(fn: Any) -> bool:
 
 
 def compile_options(arch: str, tvm_ffi: bool) -> str:
+    check_cute_arch(arch, "cutedsl_inductor.config.arch")
     options = f"--gpu-arch {arch}"
     if tvm_ffi:
         options += " --enable-tvm-ffi"
@@ -139,19 +144,49 @@ def compile_entry(
         return compiled, origin
 
 
+def cached_kernel(key: str) -> tuple[Any, str] | None:
+    """The function of ``key`` and where it came from, where this process ("memory") or
+    the disk cache ("disk") has it; else None, and nothing compiled or fetched."""
+    compiled = _COMPILED.get(key)
+    if compiled is not None:
+        stats["memory_hits"] += 1
+        return compiled, "memory"
+    if not config.disk_cache:
+        return None
+    with _COMPILE_LOCK:
+        compiled = _COMPILED.get(key)
+        if compiled is not None:
+            return compiled, "memory"
+        with default_cache().entry(key) as entry:
+            function = _from_disk(entry, key)
+        if function is None:
+            return None
+        _COMPILED[key] = function
+        return function, "disk"
+
+
+def _from_disk(entry: Any, key: str) -> Any:
+    """The function that ``entry`` holds (recorded for the cache artifacts), or None."""
+    start = time.perf_counter()
+    loaded = entry.load()
+    if loaded is None:
+        return None
+    stats["disk_hits"] += 1
+    stats["disk_load_s"] += time.perf_counter() - start
+    record_artifact("kernel", key, loaded.data, loaded.fields)
+    return loaded.function
+
+
 def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str, arch: str,
                     describe: dict[str, Any]) -> tuple[Any, str]:
-    """From the disk cache, else the remote tier (stored on disk), else compiled (stored
-    and published); each recorded for torch.compile's cache artifacts."""
+    """From the disk cache (an entry stored since ``cached_kernel`` looked), else the
+    remote tier (stored on disk), else compiled (stored and published); each recorded
+    for torch.compile's cache artifacts."""
     fields = manifest_fields(describe | {"arch": arch})
     with default_cache().entry(key) as entry:
-        start = time.perf_counter()
-        loaded = entry.load()
-        if loaded is not None:
-            stats["disk_hits"] += 1
-            stats["disk_load_s"] += time.perf_counter() - start
-            record_artifact("kernel", key, loaded.data, loaded.fields)
-            return loaded.function, "disk"
+        function = _from_disk(entry, key)
+        if function is not None:
+            return function, "disk"
         stats["disk_misses"] += 1
         tier = default_tier()
         fetched = tier.fetch("kernel", key) if tier is not None else None
@@ -202,10 +237,11 @@ def _compile(
     import cutlass.cute as cute
     from cutlass.runtime import make_fake_stream
 
+    options = compile_options(arch, True)
     args = [*fake_arguments(specs), make_fake_stream(use_tvm_ffi_env_stream=True)]
     start = time.perf_counter()
     try:
-        compiled = cute.compile(entry_fn, *args, options=compile_options(arch, True))
+        compiled = cute.compile(entry_fn, *args, options=options)
     except Exception as err:
         raise compile_error(describe, arch, err) from err
     stats["compiled"] += 1
@@ -251,10 +287,9 @@ class JitOnce:
         with _COMPILE_LOCK:
             if key in self.compiled:
                 return self.compiled[key]
+            options = compile_options(self.arch, False)
             try:
-                compiled = cute.compile(
-                    self.fn, *args, options=compile_options(self.arch, False)
-                )
+                compiled = cute.compile(self.fn, *args, options=options)
             except Exception as err:
                 raise compile_error(self.describe, self.arch, err) from err
             stats["compiled"] += 1

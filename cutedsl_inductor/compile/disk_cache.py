@@ -1,20 +1,25 @@
-"""On-disk cache of compiled kernels: TVM-FFI object files, each with a sealed manifest.
+"""On-disk cache of compiled kernels: TVM-FFI object files and the shared libraries
+linked from them, each entry with a sealed manifest.
 
 Layout under ``root`` (``config.cache_dir``, env ``CUTEDSL_INDUCTOR_CACHE_DIR``, else
 ``cutedsl/`` under Inductor's cache dir): ``secret`` (``integrity.py``) and, per entry,
-in ``<key[:2]>/``: ``<key>.o`` (``export_to_c``), ``<key>.json`` (the manifest: key,
-size and sha256 of the object, versions, arch, kernel, template, parameters, sealed
+in ``<key[:2]>/``: ``<key>.o`` (``export_to_c``), ``<key>.so`` (``objects.link_library``;
+absent where it could not be linked), ``<key>.json`` (the manifest: key, size and sha256
+of the object and of the library, versions, arch, kernel, template, parameters, sealed
 under the secret), ``<key>.lock`` and, while a write is under way,
-``.<key>.<o|json>.<random>.tmp``. The cache owns those names and nothing else: ``clear``
-removes exactly those (regular files, in real folders) and follows no symlink.
+``.<key>.<o|so|json>.<random>.tmp``. The cache owns those names and nothing else:
+``clear`` removes exactly those (regular files, in real folders) and follows no symlink.
 
-Invariants: an entry is written only under its lock, the object first and the manifest
-last, each atomically, so an entry exists only once complete; a second process wanting
-the same key waits on the lock, then loads what the first stored. ``load`` reads the
-manifest and the object once each, checks the seal, the key, the size and the sha256,
-and loads those very bytes (from a private copy); the symbol is derived from the key.
-``Entry.adopt`` loads an object verified elsewhere (``portable.py``: the remote tier's)
-and stores it, sealed under this cache's secret. Folders are created 0700, files 0600.
+Invariants: an entry is written only under its lock, the object and library first and the
+manifest last, each atomically, so an entry exists only once complete; a second process
+wanting the same key waits on the lock, then loads what the first stored. ``load`` reads
+the manifest, the object and the library once each, checks the seal, the key, and each
+file's size and sha256, and loads those very bytes (from a private copy): the library
+through TVM-FFI, without CuTe DSL; the object through CuTe DSL where the entry has no
+library or its library does not load (one warning). The symbol is derived from the key.
+``Entry.adopt`` links and loads an object verified elsewhere (``portable.py``: the
+remote tier's) and stores it, sealed under this cache's secret. Folders are created
+0700, files 0600.
 
 Modes, decided at first use and, unless read-write, said in one warning: read-write;
 read-only when the root belongs to another user or is not writable (entries load where
@@ -50,18 +55,18 @@ from ..exc import CacheEntryError
 from . import versions
 from .cache_files import Folder, make_dirs
 from .integrity import check_seal, read_secret, seal
-from .objects import load_object, symbol_for
+from .objects import link_library, load_library, load_object, symbol_for
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
 # what a manifest says about its kernel, besides the key, size, digest and versions
 MANIFEST_FIELDS = ("kernel", "template", "arch", "path", "signature", "params")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _FOLDER = re.compile(r"[0-9a-f]{2}")
 # the files of an entry, and its temp files while written (``Folder.write_atomic``)
-_ENTRY_FILE = re.compile(r"(?P<key>[0-9a-f]{64})\.(o|json|lock)")
-_TEMP_FILE = re.compile(r"\.(?P<key>[0-9a-f]{64})\.(o|json)\.[0-9a-f]{16}\.tmp")
+_ENTRY_FILE = re.compile(r"(?P<key>[0-9a-f]{64})\.(o|so|json|lock)")
+_TEMP_FILE = re.compile(r"\.(?P<key>[0-9a-f]{64})\.(o|so|json)\.[0-9a-f]{16}\.tmp")
 
 
 def default_root() -> Path:
@@ -95,7 +100,7 @@ class ClearResult:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
-def _describe(err: OSError) -> str:
+def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
@@ -143,7 +148,7 @@ class KernelDiskCache:
             note += ": used read-only (entries load where they verify; nothing is stored)"
         return Mode(writable, secret, note)
 
-    def fault(self, action: str, err: OSError, consequence: str) -> None:
+    def fault(self, action: str, err: Exception, consequence: str) -> None:
         """One warning per kind of fault; the rest at debug level."""
         with self._lock:
             first = action not in self._warned
@@ -274,7 +279,7 @@ class Entry:
     held: bool
 
     def load(self) -> Loaded | None:
-        """The cached function and the bytes it was loaded from, or None (missing,
+        """The cached function and the object it was loaded from, or None (missing,
         unreadable or unusable)."""
         if self.folder is None:
             return None
@@ -286,12 +291,8 @@ class Entry:
             self.cache.fault("read an entry", err, "compiling it")
             return None
         try:
-            try:
-                data = self.folder.read(f"{self.key}.o")
-            except FileNotFoundError:
-                data = None
-            fields = self._check(manifest, data)
-            module, function = load_object(data, symbol_for(self.key))
+            fields, data, library = self._check(manifest)
+            module, function = self._load(data, library)
         except OSError as err:
             self.cache.fault("read an entry", err, "compiling it")
             return None
@@ -306,12 +307,24 @@ class Entry:
         self.cache._modules[self.key] = module
         return Loaded(function, data, fields)
 
-    def _check(self, manifest_bytes: bytes, data: bytes | None) -> dict[str, Any]:
-        """The manifest's fields (``manifest_fields``) if the entry verifies."""
+    def _check(self, manifest_bytes: bytes) -> tuple[dict[str, Any], bytes, bytes | None]:
+        """(the manifest's fields (``manifest_fields``), the object, the library or
+        None) if the entry verifies."""
         path = self.folder.path / f"{self.key}.json"
 
         def unusable(reason: str) -> CacheEntryError:
             return CacheEntryError(path=path, reason=reason)
+
+        def verified(name: str, what: str, size: Any, digest: Any) -> bytes:
+            try:
+                data = self.folder.read(name)
+            except FileNotFoundError:
+                raise unusable(f"{what} missing") from None
+            if len(data) != size:
+                raise unusable(f"{what} truncated ({len(data)} of {size} bytes)")
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise unusable(f"{what} checksum mismatch")
+            return data
 
         try:
             manifest = json.loads(manifest_bytes)
@@ -323,31 +336,48 @@ class Entry:
             raise unusable("its seal does not verify (not written by this cache, or edited)")
         if manifest.get("key") != self.key:
             raise unusable("foreign entry (key differs)")
-        if data is None:
-            raise unusable("object missing")
-        if len(data) != manifest.get("size"):
-            raise unusable(f"truncated ({len(data)} of {manifest.get('size')} bytes)")
-        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-            raise unusable("checksum mismatch")
-        return {name: manifest.get(name) for name in MANIFEST_FIELDS}
+        data = verified(f"{self.key}.o", "object", manifest.get("size"), manifest.get("sha256"))
+        library = None
+        if manifest.get("library_sha256") is not None:
+            library = verified(f"{self.key}.so", "library", manifest.get("library_size"),
+                               manifest.get("library_sha256"))
+        return {name: manifest.get(name) for name in MANIFEST_FIELDS}, data, library
+
+    def _load(self, data: bytes, library: bytes | None) -> tuple[Any, Any]:
+        """(module, function) from the verified library, else from the object."""
+        symbol = symbol_for(self.key)
+        if library is not None:
+            try:
+                return load_library(library, symbol)
+            except Exception as err:
+                self.cache.fault("load a kernel's shared library", err,
+                                 "loading its object through CuTe DSL")
+        return load_object(data, symbol)
 
     def adopt(self, data: bytes, fields: dict[str, Any]) -> Any:
         """Load the function from ``data`` (an object verified elsewhere: the remote
         tier's), then store it here; raises what loading raises."""
-        module, function = load_object(data, symbol_for(self.key))
+        library = link_library(data)
+        module, function = self._load(data, library)
         self.cache._modules[self.key] = module
-        self.store(data, fields)
+        if self.held:
+            self._write(data, library, fields)
         return function
 
     def store(self, data: bytes, fields: dict[str, Any]) -> None:
-        """Store the object ``data`` here with its manifest, if the lock is held."""
-        if not self.held:
-            return
+        """Store the object ``data`` here, with the library linked from it and its
+        manifest, if the lock is held."""
+        if self.held:
+            self._write(data, link_library(data), fields)
+
+    def _write(self, data: bytes, library: bytes | None, fields: dict[str, Any]) -> None:
         manifest = {
             "format": MANIFEST_FORMAT,
             "key": self.key,
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
+            "library_size": None if library is None else len(library),
+            "library_sha256": None if library is None else hashlib.sha256(library).hexdigest(),
             "versions": versions.toolchain_versions(),
             "created": time.time(),
             **{name: fields.get(name) for name in MANIFEST_FIELDS},
@@ -355,6 +385,10 @@ class Entry:
         manifest["mac"] = seal(self.cache.mode.secret, manifest)
         try:
             self.folder.write_atomic(f"{self.key}.o", data)
+            if library is None:
+                self.folder.unlink_file(f"{self.key}.so")  # an older entry's
+            else:
+                self.folder.write_atomic(f"{self.key}.so", library)
             self.folder.write_atomic(f"{self.key}.json", json.dumps(manifest, indent=1).encode())
         except OSError as err:
             self.cache.fault("store a kernel", err, "it is kept in memory only")
@@ -363,6 +397,7 @@ class Entry:
         try:
             self.folder.unlink_file(f"{self.key}.json")  # the entry ends with its manifest
             self.folder.unlink_file(f"{self.key}.o")
+            self.folder.unlink_file(f"{self.key}.so")
         except OSError as err:
             self.cache.fault("remove an entry", err, "it is left in place")
 

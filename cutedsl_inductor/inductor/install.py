@@ -2,7 +2,8 @@
 
 It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
 scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
-(``cache_key``), our GEMM choices (``choices``), the clock settling before autotuning
+(``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in flex_attention's
+lowering (``flex``, off unless asked for), the clock settling before autotuning
 (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the SwiGLU rewrite
 (``swiglu``). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
 off Inductor's output code is what it would be without the package; every pass is keyed
@@ -18,6 +19,7 @@ from torch._inductor.codegen import common
 from ..autotune.select import install_clock_settling
 from .cache_key import install_cache_key
 from .choices import install_choices
+from .flex import install_flex
 from .multi_template import install_pre_fusion_pass
 from .scheduling import CuteDSLCombinedScheduling
 from .swiglu import install_swiglu
@@ -27,6 +29,7 @@ def install() -> None:
     common.init_backend_registration()
     install_cache_key()
     install_choices()
+    install_flex()
     install_clock_settling()
     install_pre_fusion_pass()
     install_swiglu()

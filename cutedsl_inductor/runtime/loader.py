@@ -10,10 +10,14 @@ given the same text for that name (an entry no file check evicts), so what CuTe 
 is what was rendered. A file that differs (edited, or another rendering of the same
 stripped text) is written again, with a warning. One module per source per process.
 
-A ``@cute.jit`` entry is compiled once per specialization (memory, then disk cache,
-then the compiler); a plain Python entry gets its module's ``@cute.jit`` functions
-wrapped in ``JitOnce``. Invariant: loading the same (source, specs) twice in a process
-returns wrappers around the same compiled function. Failure semantics: a missing entry
+The source of a kernel that this process or the disk cache has already
+(``compiler.cached_kernel``, by its key: a hash of the source, entry name and specs) is
+not run at all: only ``@cute.jit`` entries' binaries are cached, so it loads as one, and
+a warm process neither runs the rendered sources nor imports what they import (CuTe DSL,
+the GEMM's modules). Otherwise the module runs: a ``@cute.jit`` entry is compiled once
+per specialization (the remote tier, then the compiler); a plain Python entry gets its
+module's ``@cute.jit`` functions wrapped in ``JitOnce``. Invariant: loading the same
+(source, specs) twice in a process returns wrappers around the same compiled function. Failure semantics: a missing entry
 point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
 """
 
@@ -32,6 +36,7 @@ from torch._inductor.codecache import PyCodeCache, write_atomic
 
 from ..compile.compiler import (
     JitOnce,
+    cached_kernel,
     compile_entry,
     compile_key,
     entry_name,
@@ -56,14 +61,10 @@ def write_source(source: str) -> tuple[str, str]:
     return PyCodeCache.write(source)
 
 
-def import_source(source: str) -> tuple[types.ModuleType, str]:
-    """(module, path): ``source`` executed as a module named after its file in
-    Inductor's cache (see the module docstring)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()
+def source_file(source: str) -> tuple[str, str]:
+    """(cache key, path) of the ``.py`` file in Inductor's cache that holds ``source``
+    (written again, with a warning, where it holds something else)."""
     key, path = write_source(source)
-    module = _MODULES.get(digest)
-    if module is not None:
-        return module, module.__file__
     try:
         on_disk = Path(path).read_bytes()
     except FileNotFoundError:
@@ -73,6 +74,17 @@ def import_source(source: str) -> tuple[types.ModuleType, str]:
             log.warning("generated CuteDSL source %s differs from the kernel's; writing it "
                         "again", path)
         write_atomic(path, source, make_dirs=True)
+    return key, path
+
+
+def import_source(source: str) -> tuple[types.ModuleType, str]:
+    """(module, path): ``source`` executed as a module named after its file in
+    Inductor's cache (see the module docstring)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    module = _MODULES.get(digest)
+    if module is not None:
+        return module, module.__file__
+    key, path = source_file(source)
     linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
     module = types.ModuleType(f"cutedsl_inductor.generated.{key}")
     module.__file__ = path
@@ -95,6 +107,13 @@ def load_kernel(
     template: str | None = None,
     params: dict[str, Any] | None = None,
 ) -> CuteDSLKernelWrapper:
+    key = kernel_key(kernel_name, source, specs)
+    cached = cached_kernel(key)
+    if cached is not None:
+        path = source_file(source)[1]
+        kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
+        return TVMFFIKernelWrapper(cached[0], path, kernel_name=kernel_name, template=template,
+                                   specs=specs, origin=cached[1])
     module, path = import_source(source)
     kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
     describe = {"kernel": kernel_name, "template": template, "params": params or {},
@@ -112,10 +131,7 @@ def load_kernel(
         )
     arch = target_arch()
     if is_cute_jit(entry):
-        compiled, origin = compile_entry(
-            entry, specs, key=kernel_key(kernel_name, source, specs), arch=arch,
-            describe=describe,
-        )
+        compiled, origin = compile_entry(entry, specs, key=key, arch=arch, describe=describe)
         return TVMFFIKernelWrapper(
             compiled, path, kernel_name=kernel_name, template=template, specs=specs,
             origin=origin,

@@ -66,15 +66,18 @@ class KernelRender:
     """``make_kernel_render`` of a chosen template: builds the kernel for the final
     output node; ``render()`` then returns source with the name placeholder in it."""
 
-    def __init__(self, template: Any, input_nodes: list[Any], params: dict[str, Any]):
+    def __init__(self, template: Any, input_nodes: list[Any], params: dict[str, Any],
+                 subgraphs: list[Any] | None = None):
         self.template = template
         self.input_nodes = input_nodes
         self.params = params
+        self.subgraphs = subgraphs
 
     def __call__(self, out_node: Any, hint_override: int | None = None,
                  epilogue: EpiloguePlan = IDENTITY) -> tuple[Any, Any]:
         kernel = CuteDSLTemplateKernel(
-            KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params, epilogue
+            KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params, epilogue,
+            subgraphs=self.subgraphs, template_name=self.template.name,
         )
         return kernel, functools.partial(self.template.render, kernel)
 
@@ -92,6 +95,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         extra_args: list[int],
         input_views: list[InputView],
         mutated_inputs: list[Any] | None = None,
+        subgraphs: list[Any] | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -106,7 +110,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.extra_args = extra_args
         self.input_views = input_views
         self.mutated_inputs = mutated_inputs
-        self.make_kernel_render = KernelRender(template, input_nodes, params)
+        self.make_kernel_render = KernelRender(template, input_nodes, params, subgraphs)
         # Inductor's picklable request, for autotuning in a subprocess
         self.bmreq = CuteDSLBenchmarkRequest(
             name,

@@ -26,11 +26,21 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 output (``tile_input_index``: its ``loaded`` fragment, or
                                 None); ``{{def_epilogue(tile_input=True)}}`` then leaves
                                 its loads out of the pair loads: the template fills it
+  ``{{modification(0, "out", score="s", b="b", h="h", m="q", n="kv")}}``  statements
+                                computing subgraph 0 (``subgraphs=`` of ``generate``) into
+                                ``out``, its placeholders read from the template's
+                                expressions, captured tensors from ``captures``
+                                (``template/subgraph.py``); ``mask=`` and
+                                ``input_dtypes=`` as there
+  ``{{modification_inputs()}}`` the ``captures`` tuple (flat views of the captured tensors
+                                every modification reads), built in the entry
 
 Invariants: rendering is pure (no global counters); the same template, parameters and
 input layouts give the same text. ``def_kernel`` and ``gen_defines`` are placeholders
 that ``render`` fills in, at their line's indentation, once every argument is known, so
-hooks may be used in any order and at any indentation.
+hooks may be used in any order and at any indentation; so are ``modification`` (its
+statements are translated at once, so a refusal raises while rendering) and
+``modification_inputs``. A subgraph that does not translate raises ``SubgraphError``.
 """
 
 from __future__ import annotations
@@ -44,11 +54,14 @@ from torch._inductor.virtualized import V
 
 from ..compile.compiler import entry_name
 from ..compile.specs import ArgSpec, specs_key
+from ..exc import SubgraphError, format_params
 from .defines import gen_defines
 from .epilogue import IDENTITY, EpiloguePlan
+from .subgraph import Captures, translate_modification
 
 DEF_KERNEL_PLACEHOLDER = "<DEF_KERNEL>"
 GEN_DEFINES_PLACEHOLDER = "<GEN_DEFINES>"
+MODIFICATION_INPUTS_PLACEHOLDER = "<MODIFICATION_INPUTS>"
 KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
 
 IMPORTS = """\
@@ -110,6 +123,8 @@ class CuteDSLTemplateKernel(Kernel):
         output_node: Any,
         params: dict[str, Any] | None = None,
         epilogue: EpiloguePlan = IDENTITY,
+        subgraphs: list[Any] | None = None,
+        template_name: str = "",
     ) -> None:
         super().__init__()
         self.kernel_name = kernel_name
@@ -123,6 +138,11 @@ class CuteDSLTemplateKernel(Kernel):
         self.template_inputs: list[tuple[str, Any]] = []
         self._renames: list[str] = []
         self._hooks: dict[str, Any] = {}
+        # the subgraphs ``modification`` renders and the captured tensors they read
+        self.subgraphs = list(subgraphs or [])
+        self.template_name = template_name
+        self.captures = Captures(self.input_nodes)
+        self._modifications = 0
 
     # -- hooks ---------------------------------------------------------------------
 
@@ -176,6 +196,43 @@ class CuteDSLTemplateKernel(Kernel):
         ]
         return f"({', '.join(views)}{',' if views else ''})"
 
+    def modification(self, subgraph_number: int, output_name: str, mask: str | None = None,
+                     input_dtypes: dict[str, Any] | None = None, **index_vars: str) -> str:
+        """Statements computing subgraph ``subgraph_number`` into ``output_name`` (see
+        ``template/subgraph.py``), at the hook's indentation; ``index_vars`` give each
+        placeholder's CuTe expression (``score="acc[i]"``, ``h="h_idx"``)."""
+        number = self._modifications
+        self._modifications += 1
+        try:
+            if not isinstance(subgraph_number, int) or not (
+                    0 <= subgraph_number < len(self.subgraphs)):
+                raise IndexError(f"the choice has {len(self.subgraphs)} subgraph(s)")
+            translation = translate_modification(
+                self.subgraphs[subgraph_number], output_name, index_vars, self.captures,
+                prefix=f"mod{subgraph_number}_{number}_", mask=mask, input_dtypes=input_dtypes)
+        except (NotImplementedError, IndexError, TypeError) as err:
+            raise SubgraphError(template=self.template_name or self.kernel_name,
+                                params=format_params(self.params), subgraph=subgraph_number,
+                                cause=f"{type(err).__name__}: {err}") from err
+        placeholder = f"<MODIFICATION_{number}>"
+        block = "\n".join(translation.lines)
+        self._hooks[placeholder] = lambda: block
+        return placeholder
+
+    def modification_inputs(self) -> str:
+        """The ``captures`` tuple for the modifications' code: a flat view of each captured
+        tensor, for the entry's body (filled in once every modification is rendered)."""
+        self._hooks[MODIFICATION_INPUTS_PLACEHOLDER] = self._render_captures
+        return MODIFICATION_INPUTS_PLACEHOLDER
+
+    def _render_captures(self) -> str:
+        if len(self.template_inputs) != len(self.input_nodes):
+            raise ValueError("modification_inputs() needs def_kernel()")
+        args = [self.template_inputs[i][0] for i in self.captures.input_indices()]
+        views = [f"cute.make_tensor({a}.iterator, cute.make_layout(cute.cosize({a}.layout)))"
+                 for a in args]
+        return f"({', '.join(views)}{',' if views else ''})"
+
     def size(self, arg: str, dim: int) -> str:
         """A size as a Python expression; symbolic sizes become entry parameters."""
         return self.kexpr(self.rename_indexing(self._node_named(arg).get_size()[dim]))
@@ -200,6 +257,8 @@ class CuteDSLTemplateKernel(Kernel):
             def_epilogue=self.def_epilogue,
             epilogue_inputs=self.epilogue_inputs,
             epilogue_tile_input=self.epilogue_tile_input,
+            modification=self.modification,
+            modification_inputs=self.modification_inputs,
             tile_input_index=self.epilogue.tile_input,
             has_epilogue=self.epilogue.output is not None,
             output_rank=self.output_rank,

@@ -12,8 +12,9 @@ Invariants:
   * Arithmetic runs in fp32. A 16-bit value is upcast when loaded; an explicit
     ``to_dtype(x, bf16/fp16)`` rounds and keeps the 16-bit type (so a final result has
     Inductor's dtype), and a later op upcasts it again. Every temp has a known dtype
-    (float32, bfloat16, float16, int32 or bool), see ``dtype_of``; operands are promoted
-    explicitly (float beats int beats bool), never left to CuTe's implicit rules.
+    (float32, bfloat16, float16, int32 or bool; int64 too in a subclass whose
+    ``SUPPORTED`` has it), see ``dtype_of``; operands are promoted explicitly (float beats
+    int beats bool), never left to CuTe's implicit rules.
   * Precision matches Inductor's Triton kernels: exp, log and division use the
     hardware approximations (``ex2``/``lg2``/``rcp.approx``, as ``tl.exp``, ``tl.log``
     and fp32 ``/`` do), erf CuTe's fast-math form; tanh, sqrt and rsqrt are exact-rounded
@@ -67,6 +68,9 @@ def _unsupported(op: str, why: str = "") -> NotImplementedError:
 class PointwiseToCuteDSL(DefaultHandler):
     """Ops handler emitting CuTe DSL scalar code; see the module docstring."""
 
+    # the dtypes a loaded or converted value may have (a subclass may widen it)
+    SUPPORTED: tuple[torch.dtype, ...] = _SUPPORTED
+
     def __init__(self, load_value: LoadValue, prefix: str = "tmp"):
         self.load_value = load_value
         self.prefix = prefix
@@ -109,10 +113,11 @@ class PointwiseToCuteDSL(DefaultHandler):
             return self._emit(f"cutlass.Float32({text})", torch.float32, value)
         if dtype == torch.bool:
             return self._emit(f"cutlass.Boolean({bool(value)})", torch.bool, bool(value))
-        if dtype == torch.int32 and isinstance(value, (bool, int)):
-            if not _INT32_RANGE[0] <= int(value) <= _INT32_RANGE[1]:
+        if dtype in (torch.int32, torch.int64) and dtype in self.SUPPORTED and isinstance(
+                value, (bool, int)):
+            if dtype == torch.int32 and not _INT32_RANGE[0] <= int(value) <= _INT32_RANGE[1]:
                 raise _unsupported(op, f"integer constant {value} does not fit int32")
-            return self._emit(f"cutlass.Int32({int(value)})", torch.int32, int(value))
+            return self._emit(f"{cutlass_dtype_name(dtype)}({int(value)})", dtype, int(value))
         raise _unsupported(op, f"constant of dtype {dtype}")
 
     def _temp(self, op: str, x: Any, like: torch.dtype | None = None) -> str:
@@ -124,7 +129,9 @@ class PointwiseToCuteDSL(DefaultHandler):
         if isinstance(x, bool):
             return self._const_temp(op, x, torch.bool)
         if isinstance(x, int):
-            return self._const_temp(op, x, torch.float32 if like in _FLOATS else torch.int32)
+            kind = torch.float32 if like in _FLOATS else (
+                torch.int64 if like == torch.int64 else torch.int32)
+            return self._const_temp(op, x, kind)
         if isinstance(x, float):
             return self._const_temp(op, x, torch.float32)
         raise _unsupported(op, f"operand {x!r} is not a value of this handler")
@@ -134,7 +141,7 @@ class PointwiseToCuteDSL(DefaultHandler):
         src = self._dtype[x]
         if src == dtype:
             return x
-        if x in self._const and dtype in (torch.float32, torch.bool, torch.int32):
+        if x in self._const and dtype in (torch.float32, torch.bool, torch.int32, torch.int64):
             value = self._const[x]
             if dtype == torch.int32 and isinstance(value, float) and math.isfinite(value):
                 value = int(value)  # truncation, as the conversion would do
@@ -152,12 +159,15 @@ class PointwiseToCuteDSL(DefaultHandler):
     def _promote(self, op: str, *args: Any,
                  allow_bool: bool = False) -> tuple[list[str], torch.dtype]:
         """Operands converted to one compute dtype: float32 if any is a float, else
-        int32 if any is an int, else bool (only where ``allow_bool``)."""
+        int64 or int32 if any is an int (the wider wins), else bool (only where
+        ``allow_bool``)."""
         args = tuple(a.value if isinstance(a, OpsValue) else a for a in args)
         known = [self._dtype[a] for a in args if isinstance(a, str) and a in self._dtype]
         scalars = [a for a in args if isinstance(a, (bool, int, float))]
         if any(d in _FLOATS for d in known) or any(isinstance(s, float) for s in scalars):
             dtype = torch.float32
+        elif torch.int64 in known:  # only where SUPPORTED has it
+            dtype = torch.int64
         elif torch.int32 in known or any(type(s) is int for s in scalars):
             dtype = torch.int32
         else:
@@ -190,7 +200,7 @@ class PointwiseToCuteDSL(DefaultHandler):
     def load(self, name: str, index: Any) -> str:
         got = self.load_value(name, index)
         expr, dtype = got if isinstance(got, tuple) else (got, torch.float32)
-        if dtype not in _SUPPORTED:
+        if dtype not in self.SUPPORTED:
             raise _unsupported("load", f"buffer {name} of dtype {dtype}")
         if dtype in _FLOAT16:  # 16-bit values are computed in fp32
             return self._emit(f"({expr}).to(cutlass.Float32)", torch.float32)
@@ -210,7 +220,7 @@ class PointwiseToCuteDSL(DefaultHandler):
 
     def to_dtype(self, x: Any, dtype: torch.dtype, src_dtype: Any = None,
                  use_compute_types: bool = True) -> str:
-        if dtype not in _SUPPORTED:
+        if dtype not in self.SUPPORTED:
             raise _unsupported("to_dtype", f"target dtype {dtype}")
         return self._to(self._temp("to_dtype", x, dtype), dtype)
 

@@ -48,7 +48,7 @@ from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
 
-GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs")
+GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs", "subgraphs")
 CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) cannot launch "
                            "CuteDSL kernels; they need the Python wrapper")
 
@@ -95,6 +95,8 @@ class CuteDSLTemplate:
         try:
             check_names(kernel.params)
             return kernel.render(self.template)
+        except CuteDSLInductorError:  # already names the template (a SubgraphError)
+            raise
         except Exception as err:
             raise TemplateRenderError(
                 template=self.name, params=format_params(kernel.params),
@@ -106,8 +108,12 @@ class CuteDSLTemplate:
         input_nodes: list[Any],
         layout: ir.Layout,
         mutated_inputs: list[Any] | None = None,
+        subgraphs: list[Any] | None = None,
         **params: Any,
     ) -> "CuteDSLTemplateCaller":
+        """One choice: ``params`` are the template's parameters; ``subgraphs`` what its
+        ``{{modification(i, ...)}}`` hooks render (``template/subgraph.py``), their
+        captured tensors among ``input_nodes``."""
         reason = CPP_WRAPPER_UNSUPPORTED if V.graph.cpp_wrapper else unrunnable(input_nodes,
                                                                                 layout)
         if reason is not None:
@@ -115,7 +121,8 @@ class CuteDSLTemplate:
         input_nodes = [_fixed(node) for node in input_nodes]
         fake_output = ir.Buffer(name="buf_out", layout=layout)
         kernel = CuteDSLTemplateKernel(
-            KERNEL_NAME_PLACEHOLDER, input_nodes, fake_output, params
+            KERNEL_NAME_PLACEHOLDER, input_nodes, fake_output, params, subgraphs=subgraphs,
+            template_name=self.name,
         )
         rendered = self.render(kernel)
         nodes = kernel.arg_nodes()
@@ -135,6 +142,7 @@ class CuteDSLTemplate:
             extra_args=extra_args,
             input_views=[InputView.of(node) for node in input_nodes],
             mutated_inputs=mutated_inputs,
+            subgraphs=subgraphs,
         )
 
 

@@ -91,24 +91,26 @@ def test_an_edit_to_the_package_sources_changes_the_versions_in_every_key(tmp_pa
     assert versions.source_tree_hash(copy) != before
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_manifest", "foreign", "no_object"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_manifest", "foreign", "no_object",
+                                    "truncate_library", "flip_library", "no_library"])
 def test_unusable_entries_are_removed_and_rebuilt(graph, kernel_cache_dir, caplog, damage):
     fresh_process_load(graph)
     (obj,) = Path(kernel_cache_dir).glob("*/*.o")
     manifest = obj.with_suffix(".json")
-    if damage == "truncate":
-        obj.write_bytes(obj.read_bytes()[:100])
-    elif damage == "flip":
-        data = bytearray(obj.read_bytes())
+    damaged = obj.with_suffix(".so") if damage.endswith("library") else obj
+    if damage.startswith("truncate"):
+        damaged.write_bytes(damaged.read_bytes()[:100])
+    elif damage.startswith("flip"):
+        data = bytearray(damaged.read_bytes())
         data[len(data) // 2] ^= 0xFF
-        obj.write_bytes(bytes(data))
+        damaged.write_bytes(bytes(data))
     elif damage == "garbage_manifest":
         manifest.write_text("{not json")
     elif damage == "foreign":
         fields = json.loads(manifest.read_text())
         manifest.write_text(json.dumps({**fields, "key": "0" * 64}))
     else:
-        obj.unlink()
+        damaged.unlink()
     fresh_process_load(graph)
     assert compiler.stats["compiled"] == 2 and compiler.stats["disk_hits"] == 0
     assert "removing unusable CuteDSL cache entry" in caplog.text
@@ -148,10 +150,12 @@ def entry_paths(cache_dir, key):
     return folder / f"{key}.o", folder / f"{key}.json"
 
 
-@pytest.mark.parametrize("forgery", ["swapped_object", "edited_object", "renamed_entry"])
+@pytest.mark.parametrize("forgery", ["swapped_object", "edited_object", "renamed_entry",
+                                     "swapped_library", "edited_library"])
 def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
-    """Its manifest edited to match (size, sha256), as one who can write the cache but
-    not read its secret would: the seal, or the key it binds, gives it away."""
+    """Its manifest edited to match (size, sha256 of the object or of the library), as
+    one who can write the cache but not read its secret would: the seal, or the key it
+    binds, gives it away."""
     fp16 = add_choice(graph, threads=256, dtype=torch.float16)
     bf16 = add_choice(graph, threads=128, dtype=torch.bfloat16)
     for choice in (fp16, bf16):
@@ -160,15 +164,21 @@ def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
     (obj, manifest), (other_obj, other_manifest) = (entry_paths(kernel_cache_dir, key_of(c))
                                                     for c in (fp16, bf16))
     if forgery == "renamed_entry":
-        obj.write_bytes(other_obj.read_bytes())
+        for suffix in (".o", ".so"):
+            obj.with_suffix(suffix).write_bytes(other_obj.with_suffix(suffix).read_bytes())
         manifest.write_bytes(other_manifest.read_bytes())
     else:
-        data = bytearray((other_obj if forgery == "swapped_object" else obj).read_bytes())
-        if forgery == "edited_object":
+        suffix = ".so" if forgery.endswith("library") else ".o"
+        target = obj.with_suffix(suffix)
+        data = bytearray((target if forgery.startswith("edited")
+                          else other_obj.with_suffix(suffix)).read_bytes())
+        if forgery.startswith("edited"):
             data[len(data) // 2] ^= 0xFF
-        obj.write_bytes(bytes(data))
+        target.write_bytes(bytes(data))
         fields = json.loads(manifest.read_text())
-        fields.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        prefix = "library_" if suffix == ".so" else ""
+        fields.update({f"{prefix}size": len(data),
+                       f"{prefix}sha256": hashlib.sha256(data).hexdigest()})
         manifest.write_text(json.dumps(fields))
     compiler._COMPILED.clear()
     add_choice(graph, threads=256, dtype=torch.float16).load()
@@ -177,29 +187,41 @@ def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
     assert "removing unusable CuteDSL cache entry" in caplog.text and reason in caplog.text
 
 
-def test_the_bytes_verified_are_the_bytes_loaded(graph, kernel_cache_dir, monkeypatch):
+@pytest.mark.parametrize("via", ["library", "object"])
+def test_the_bytes_verified_are_the_bytes_loaded(graph, kernel_cache_dir, monkeypatch, caplog,
+                                                 via):
     """The loader gets a private copy of what was read and checked, never the path an
-    attacker could swap in between."""
+    attacker could swap in between: the library's (TVM-FFI) or, where that does not
+    load, the object's (CuTe DSL), with one warning."""
     import cutlass.cute as cute
+    import tvm_ffi
 
     choice = add_choice(graph)
     choice.load()
     obj, _ = entry_paths(kernel_cache_dir, key_of(choice))
     loaded = []
-    real_load = cute.runtime.load_module
 
-    def recording_load(path, **kwargs):
-        loaded.append((Path(path), Path(path).read_bytes(),
-                       stat.S_IMODE(os.stat(Path(path).parent).st_mode)))
-        return real_load(path, **kwargs)
+    def recording(real_load):
+        def load(path, **kwargs):
+            loaded.append((Path(path), Path(path).read_bytes(),
+                           stat.S_IMODE(os.stat(Path(path).parent).st_mode)))
+            return real_load(path, **kwargs)
+        return load
 
-    monkeypatch.setattr(cute.runtime, "load_module", recording_load)
+    def refusing(path, **kwargs):
+        raise RuntimeError("no such library here")
+
+    monkeypatch.setattr(cute.runtime, "load_module", recording(cute.runtime.load_module))
+    monkeypatch.setattr(tvm_ffi, "load_module",
+                        recording(tvm_ffi.load_module) if via == "library" else refusing)
     fresh_process_load(graph)
     assert compiler.stats["disk_hits"] == 1
     ((path, data, folder_mode),) = loaded
     assert kernel_cache_dir not in path.parents and folder_mode == 0o700
-    assert data == obj.read_bytes()
+    assert data == obj.with_suffix(".so" if via == "library" else ".o").read_bytes()
     assert not path.exists()
+    fell_back = "could not load a kernel's shared library (RuntimeError: no such library"
+    assert (fell_back in caplog.text) == (via == "object")
 
 
 def test_the_cache_is_private_under_umask_000(graph, kernel_cache_dir):
@@ -209,7 +231,7 @@ def test_the_cache_is_private_under_umask_000(graph, kernel_cache_dir):
     finally:
         os.umask(old)
     paths = [kernel_cache_dir, *kernel_cache_dir.rglob("*")]
-    assert len(paths) == 6  # the root, secret, a folder, the entry's .o, .json and .lock
+    assert len(paths) == 7  # the root, secret, a folder, the entry's .o, .so, .json, .lock
     for path in paths:
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
 

@@ -41,19 +41,19 @@ def test_a_cache_dir_that_is_a_file_compiles_in_memory(graph, tmp_path, monkeypa
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
-@pytest.mark.parametrize("suffix", [".o", ".json"])
+@pytest.mark.parametrize("suffix", [".o", ".so", ".json"])
 def test_an_entry_path_that_is_a_directory(graph, kernel_cache_dir, caplog, suffix, capsys):
     choice = add_choice(graph)
     key = key_of(choice)
-    obj, manifest = entry_paths(kernel_cache_dir, key)
-    (obj if suffix == ".o" else manifest).mkdir(parents=True)
+    path = entry_paths(kernel_cache_dir, key)[0].with_suffix(suffix)
+    path.mkdir(parents=True)
     load_fresh(graph)
     warnings = cache_warnings(caplog)
     assert any("could not store a kernel" in w for w in warnings)
     load_fresh(graph)  # the entry cannot be stored: compiled again, no more warnings
     assert compiler.stats["compiled"] == 2 and cache_warnings(caplog) == warnings
     assert cli_main(["cache", "clear"]) == 0  # and clear passes it by
-    assert (obj if suffix == ".o" else manifest).is_dir()
+    assert path.is_dir()
 
 
 def test_a_lock_that_is_a_symlink_is_not_followed(graph, kernel_cache_dir, tmp_path, caplog):

@@ -98,6 +98,26 @@ def test_env_stream_is_used():
     torch.testing.assert_close(result, x + y, rtol=0, atol=0)
 
 
+def test_a_kernel_loaded_from_its_shared_library_runs_on_the_current_stream(graph):
+    """Loaded through TVM-FFI from the disk cache's library (no CuTe DSL on that path):
+    it launches on the caller's stream and computes what the compiled one does."""
+    from cutedsl_inductor.compile import compiler
+    from tests.compile.test_disk_cache import add_choice
+
+    add_choice(graph, shape=(4096, 512)).load()  # compiled, stored with its library
+    compiler._COMPILED.clear()
+    wrapper = add_choice(graph, shape=(4096, 512)).load()
+    assert wrapper.origin == "disk" and compiler.stats["disk_hits"] == 1
+    x, y = (torch.randn(4096, 512, device="cuda") for _ in range(2))
+    out = torch.empty_like(x)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)
+        wrapper.run(x, y, out)
+    side.synchronize()
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
 def test_wrong_argument_is_a_clear_error():
     import torch.fx
     from torch._inductor.graph import GraphLowering

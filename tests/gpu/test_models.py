@@ -48,3 +48,4 @@ def test_llama_under_max_autotune_with_cutedsl(workload, fusion, caches, kernels
         assert warm["fx_hits"] > 0 and warm["fx_misses"] == 0, warm
         assert warm["cute_compiled"] == 0, warm
         assert warm["autotunings"] == 0 and warm["retimed"] == 0, warm
+        assert not warm["cutlass_imported"], warm

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 EXAMPLE = textwrap.dedent("""
     import json
+    import sys
     import torch
     from cutedsl_inductor.compile import compiler
     from cutedsl_inductor.kernels.elementwise import register_add_op
@@ -30,7 +31,7 @@ EXAMPLE = textwrap.dedent("""
         with torch._inductor.config.patch(max_autotune=True, fx_graph_cache=False):
             out = torch.compile(torch.ops.cutedsl.add)(x, y)
         torch.testing.assert_close(out, x + y, rtol=0, atol=0)
-    print(json.dumps(compiler.stats))
+    print(json.dumps({**compiler.stats, "cutlass": "cutlass" in sys.modules}))
 """)
 
 
@@ -46,6 +47,7 @@ def run(args, cache_dir, tmp_path, **env):
 def check_example_loads_everything(cache_dir, tmp_path):
     stats = json.loads(run(["-c", EXAMPLE], cache_dir, tmp_path).splitlines()[-1])
     assert (stats["compiled"], stats["disk_hits"]) == (0, 9), stats
+    assert not stats["cutlass"], stats  # loaded through TVM-FFI alone, and run correctly
 
 
 def test_a_cache_precompiled_with_the_gpu_hidden_serves_every_choice(tmp_path):

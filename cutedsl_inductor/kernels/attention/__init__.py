@@ -1,0 +1,1 @@
+"""FlexAttention forward on Hopper: the kernel (sm90_flex.py) and its template (template.py)."""

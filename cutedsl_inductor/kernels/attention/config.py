@@ -1,0 +1,66 @@
+"""FlexConfig: the compile-time constants of one FlexAttention forward kernel.
+
+A frozen, validated record: ``FlexConfig(...)`` raises ``ValueError`` for a combination
+the kernel cannot run (a head dim other than 64/128, a KV tile that does not divide the
+BlockMask's KV block, a ring that does not fit in shared memory), so a refused choice
+names its reason before anything is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+BLOCK_M = 128  # query rows per CTA: two consumer warpgroups of 64 rows each
+SMEM_BYTES = 227 * 1024
+HEAD_DIMS = (64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlexConfig:
+    head_dim: int  # of Q, K and V (one for all three)
+    block_n: int  # KV rows per pipeline stage
+    stages: int  # K/V ring depth
+    sparse_q_block: int  # the BlockMask's Q block size (a multiple of BLOCK_M)
+    sparse_kv_block: int  # its KV block size (a multiple of block_n)
+    has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
+    sm_scale: float
+    element_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head dim {self.head_dim} is not one of {HEAD_DIMS}")
+        if self.block_n not in (64, 128) or self.stages < 2:
+            raise ValueError(f"block_n {self.block_n} / stages {self.stages} unsupported")
+        if self.sparse_q_block % BLOCK_M:
+            raise ValueError(f"the BlockMask's Q block size {self.sparse_q_block} is not a "
+                             f"multiple of {BLOCK_M}")
+        if self.sparse_kv_block % self.block_n:
+            raise ValueError(f"the BlockMask's KV block size {self.sparse_kv_block} is not a "
+                             f"multiple of block_n={self.block_n}")
+        if self.smem_bytes() > SMEM_BYTES:
+            raise ValueError(f"{self.stages} stages of {self.block_n}x{self.head_dim} K and V "
+                             f"need {self.smem_bytes()} bytes of shared memory")
+
+    def smem_bytes(self) -> int:
+        q = BLOCK_M * self.head_dim * self.element_bytes
+        kv = 2 * self.block_n * self.head_dim * self.element_bytes * self.stages
+        return q + kv + 1024 * 4
+
+    @property
+    def kv_tiles_per_block(self) -> int:
+        return self.sparse_kv_block // self.block_n
+
+
+def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
+                    has_full_blocks: bool, sm_scale: float) -> list[FlexConfig]:
+    """The configs offered for a problem, best guess first; those that do not fit are
+    left out (an empty list: nothing suits)."""
+    shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
+    out = []
+    for block_n, stages in shapes:
+        try:
+            out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
+                                  has_full_blocks, sm_scale))
+        except ValueError:
+            continue
+    return out

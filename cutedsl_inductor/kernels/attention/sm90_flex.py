@@ -1,0 +1,397 @@
+"""FlexAttention forward for Hopper (sm_90a) in CuTe DSL: TMA loads, WGMMA, a producer
+warp and two consumer warpgroups, online softmax, flex's block sparsity.
+
+One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0)
+loads Q once (two 64-row halves) and then, for every KV tile the BlockMask lists, K's
+and V's tiles into a ``stages``-deep smem ring (``PipelineTmaAsync``: one mbarrier
+pair per stage, K and V in one stage). Consumer warpgroup w (1, 2) owns Q rows
+``64 (w - 1) ..`` of the tile: per KV tile S = Q K^T (WGMMA from smem), then per
+accumulator element ``score_mod`` on ``S * sm_scale`` and, in partial blocks only,
+``mask_mod`` (-inf where it is False); elements past KV_LEN are -inf. The row max and
+sum are fp32 in log2 units (exp2 of ``score * log2 e``); P is converted to the input
+dtype in registers and O += P V by WGMMA with A from registers. The end: O / l stored
+(rows past Q_LEN dropped), LSE = m + log2(l) and the row max, both in log2 units as
+Inductor's flex kernel stores them (the HOP's caller scales them by ln 2); a row that
+no key reaches gets O = 0, LSE = -inf, max = -inf (as Triton's).
+
+Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
+sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
+``kv_num_blocks`` partial blocks (``kv_indices``), then ``full_kv_num_blocks`` full
+ones (``full_kv_indices``); each block is ``sparse_kv_block // block_n`` KV tiles, of
+which those before KV_LEN's last tile are walked (as Triton caps its walk). Producer
+and consumers walk the same list; blocks not listed are never loaded.
+
+Hooks (the template overrides them with the rendered subgraphs): ``score_mod(score, b,
+h, q_idx, kv_idx, in_bounds, captures)`` -> Float32 and ``mask_mod(b, h, q_idx, kv_idx,
+in_bounds, captures)`` -> Boolean; ``in_bounds`` is False for elements outside
+(Q_LEN, KV_LEN), whose values are dropped.
+
+Layouts: Q, K, V, O are torch's (B, H, S, D) with unit stride in D (TMA: 16-byte
+aligned other strides); GQA reads K/V head ``h // (H // H_kv)`` (a 0-stride mode), a
+K/V batch of 1 broadcasts. LSE and max are (B, H, Q_LEN) fp32.
+
+Failure semantics: a ``FlexConfig`` that cannot run raises ``ValueError`` at
+construction; operand dtypes or strides the kernel cannot take raise ``ValueError``
+while tracing, before any MLIR is emitted (the choice is then dropped).
+"""
+
+# No ``from __future__ import annotations``: ``cute.struct`` reads annotations as types.
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from .config import BLOCK_M, FlexConfig
+
+__all__ = ["Sm90FlexAttention"]
+
+THREADS_PER_WG = 128
+WG_M = 64  # Q rows per consumer warpgroup (one WGMMA M)
+LOG2E = 1.4426950408889634
+
+
+def _rows_cols(layout, cols):
+    """The (2 rows, cols / 2 per thread) view of a 64 x ``cols`` WGMMA accumulator's
+    value layout ``((2, 2, cols / 8), 1, 1)``: value 0 the column pair, value 1 the row
+    8 below, value 2 the 8-column block."""
+    st = layout.stride[0]
+    return cute.make_layout((2, (2, cols // 8)), stride=(st[1], (st[0], st[2])))
+
+
+def _as_a_operand(layout, cols):
+    """The same registers as the A operand of an m64 k16 WGMMA: per k-block of 16 the
+    values ((2 columns, 2 rows, 2 halves of 8 columns), 1, cols / 16)."""
+    st = layout.stride[0]
+    return cute.make_layout(((2, 2, 2), 1, cols // 16),
+                            stride=((st[0], st[1], st[2]), 0, 2 * st[2]))
+
+
+class Sm90FlexAttention:
+    """``Sm90FlexAttention(config)(q, k, v, o, lse, max, kv_num_blocks, kv_indices,
+    full_kv_num_blocks, full_kv_indices, captures, stream)``; see the module docstring."""
+
+    def __init__(self, config: FlexConfig):
+        self.config = config
+        self.head_dim = config.head_dim
+        self.block_n = config.block_n
+        self.stages = config.stages
+        self.num_threads = 3 * THREADS_PER_WG
+        self.producer_regs = 24
+        self.consumer_regs = 240
+
+    # -------------------------------------------------------------- the hooks
+    @cute.jit
+    def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
+        return score
+
+    @cute.jit
+    def mask_mod(self, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
+        return cutlass.Boolean(True)
+
+    # ------------------------------------------------------------- host entry
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, mMax: cute.Tensor, kv_num: cute.Tensor,
+                 kv_idx: cute.Tensor, full_num: cute.Tensor, full_idx: cute.Tensor,
+                 captures, stream):
+        dtype = mQ.element_type
+        if cutlass.const_expr(dtype not in (cutlass.BFloat16, cutlass.Float16)
+                              or mK.element_type != dtype or mV.element_type != dtype):
+            raise ValueError("Sm90FlexAttention: Q, K, V must be one of bf16/fp16")
+        self.dtype = dtype
+        batch, heads, q_len, d = mQ.shape
+        kv_batch, kv_heads, kv_len, _ = mK.shape
+        if cutlass.const_expr(d != self.head_dim or mV.shape[3] != self.head_dim):
+            raise ValueError(f"Sm90FlexAttention: head dims must be {self.head_dim}")
+        group = heads // kv_heads
+        kb_stride = 0 if cutlass.const_expr(kv_batch == 1) else mK.stride[0]
+        vb_stride = 0 if cutlass.const_expr(kv_batch == 1) else mV.stride[0]
+        # (S, D, (H, B)) / K: (S, D, ((G, H_kv), B)) / V: (D, S, ((G, H_kv), B))
+        q = cute.make_tensor(mQ.iterator, cute.make_layout(
+            (q_len, d, (heads, batch)), stride=(mQ.stride[2], 1, (mQ.stride[1], mQ.stride[0]))))
+        k = cute.make_tensor(mK.iterator, cute.make_layout(
+            (kv_len, d, ((group, kv_heads), batch)),
+            stride=(mK.stride[2], 1, ((0, mK.stride[1]), kb_stride))))
+        v = cute.make_tensor(mV.iterator, cute.make_layout(
+            (d, kv_len, ((group, kv_heads), batch)),
+            stride=(1, mV.stride[2], ((0, mV.stride[1]), vb_stride))))
+
+        bn = self.block_n
+        self.qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, LayoutEnum.from_tensor(q).sm90_mma_major_mode(),
+            LayoutEnum.from_tensor(k).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
+            (WG_M, bn))
+        self.pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K,
+            LayoutEnum.from_tensor(v).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
+            (WG_M, d), warpgroup.OperandSource.RMEM)
+        qk_tile = (WG_M, bn, d)
+        pv_tile = (WG_M, d, bn)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.from_tensor(q), qk_tile, dtype, 2)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.from_tensor(k), qk_tile, dtype,
+                                                  self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.from_tensor(v), pv_tile, dtype,
+                                                  self.stages)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(
+            load, q, cute.slice_(sQ_layout, (None, None, 0)), (WG_M, d))
+        tma_k, tK = cpasync.make_tiled_tma_atom(
+            load, k, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(
+            load, v, cute.slice_(sV_layout, (None, None, 0)), (d, bn))
+        self.q_bytes = 2 * cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        self.kv_bytes = (cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
+                         + cute.size_in_bytes(dtype, cute.slice_(sV_layout, (None, None, 0))))
+        stages = self.stages
+
+        @cute.struct
+        class FlexSmem:
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+
+        self.smem_struct = FlexSmem
+        # KV tiles walked per listed block: a block reaching past KV_LEN (flex's
+        # "no mask" BlockMask is one block of 2**30) stops at the last tile of KV_LEN
+        self.steps_per_block = min(self.config.kv_tiles_per_block, (kv_len + bn - 1) // bn)
+        q_tiles = (q_len + BLOCK_M - 1) // BLOCK_M
+        self.kernel(
+            tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, mMax, kv_num, kv_idx, full_num,
+            full_idx, captures, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
+            q_len, kv_len, heads,
+        ).launch(grid=[q_tiles, heads, batch], block=[self.num_threads, 1, 1],
+                 min_blocks_per_mp=1, stream=stream)
+
+    # ---------------------------------------------------------------- kernel
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_k: cute.CopyAtom,
+               tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor, mMax: cute.Tensor, kv_num: cute.Tensor, kv_idx: cute.Tensor,
+               full_num: cute.Tensor, full_idx: cute.Tensor, captures,
+               qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, h_idx, b_idx = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        smem = SmemAllocator().allocate(self.smem_struct)
+        q_pipe = self._pipeline(smem.q_bars.data_ptr(), 1, self.q_bytes)
+        kv_pipe = self._pipeline(smem.kv_bars.data_ptr(), self.stages, self.kv_bytes)
+        sQ = smem.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = smem.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = smem.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        blocks = self.block_list(kv_num, kv_idx, full_num, full_idx, m_block, h_idx, b_idx)
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp == 0:
+                self.producer(q_pipe, kv_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV,
+                              blocks, m_block, h_idx + heads * b_idx)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(q_pipe, kv_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
+                          m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len)
+
+    def _pipeline(self, bars, stages, tx_bytes):
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=bars, num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     2 * THREADS_PER_WG),
+            tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            enable_multicast_signaling=True)
+
+    @cute.jit
+    def block_list(self, kv_num, kv_idx, full_num, full_idx, m_block, h_idx, b_idx):
+        """(sparse batch, sparse head, sparse Q block, partial blocks, full blocks)."""
+        sb = b_idx % kv_num.shape[0]
+        sh = h_idx % kv_num.shape[1]
+        qb = (m_block * BLOCK_M) // self.config.sparse_q_block
+        partial = cutlass.Int32(kv_num[sb, sh, qb])
+        full = cutlass.Int32(0)
+        if cutlass.const_expr(self.config.has_full_blocks):
+            full = cutlass.Int32(full_num[sb, sh, qb])
+        return sb, sh, qb, partial, full, kv_idx, full_idx
+
+    @cute.jit
+    def kv_tile_of(self, blocks, t):
+        """The KV tile index of step ``t`` of the walk, and whether its block is partial."""
+        sb, sh, qb, partial, full, kv_idx, full_idx = blocks
+        per_block = self.config.kv_tiles_per_block
+        steps = self.steps_per_block
+        j = t // steps
+        sub = t - j * steps
+        block = cutlass.Int32(0)
+        is_partial = j < partial
+        if is_partial:
+            block = cutlass.Int32(kv_idx[sb, sh, qb, j])
+        else:
+            if cutlass.const_expr(self.config.has_full_blocks):
+                block = cutlass.Int32(full_idx[sb, sh, qb, j - partial])
+        return block * per_block + sub, is_partial
+
+    # -------------------------------------------------------------- producer
+    @cute.jit
+    def producer(self, q_pipe, kv_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, blocks,
+                 m_block, l_idx):
+        d, bn = self.head_dim, self.block_n
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+            cute.group_modes(cute.local_tile(tQ, (WG_M, d), (None, None, None)), 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+            cute.group_modes(cute.local_tile(tK, (bn, d), (None, None, None)), 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+            cute.group_modes(cute.local_tile(tV, (d, bn), (None, None, None)), 0, 2))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_pipe.producer_acquire(q_state)
+        for half in cutlass.range_constexpr(2):
+            cute.copy(tma_q, tQgQ[(None, 2 * m_block + half, 0, l_idx)], tQsQ[(None, half)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        q_pipe.producer_commit(q_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        total = (blocks[3] + blocks[4]) * self.steps_per_block
+        for t in cutlass.range(total, unroll=1):
+            n_tile, _ = self.kv_tile_of(blocks, t)
+            kv_pipe.producer_acquire(state)
+            bar = kv_pipe.producer_get_barrier(state)
+            cute.copy(tma_k, tKgK[(None, n_tile, 0, l_idx)], tKsK[(None, state.index)],
+                      tma_bar_ptr=bar)
+            cute.copy(tma_v, tVgV[(None, 0, n_tile, l_idx)], tVsV[(None, state.index)],
+                      tma_bar_ptr=bar)
+            kv_pipe.producer_commit(state)
+            state.advance()
+        kv_pipe.producer_tail(state)
+
+    # -------------------------------------------------------------- consumer
+    @cute.jit
+    def consumer(self, q_pipe, kv_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
+                 m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len):
+        d, bn = self.head_dim, self.block_n
+        ctid = tidx % THREADS_PER_WG
+        qk_thr = qk_mma.get_slice(ctid)
+        pv_thr = pv_mma.get_slice(ctid)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((WG_M, bn)), cutlass.Float32)
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((WG_M, d)), cutlass.Float32)
+        acc_o.fill(0.0)
+        cS = qk_thr.partition_C(cute.make_identity_tensor((WG_M, bn)))
+        q_base = m_block * BLOCK_M + (wg - 1) * WG_M
+        row_max = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -cutlass.Float32.inf
+            row_sum[r] = 0.0
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_pipe.consumer_wait(q_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        total = (blocks[3] + blocks[4]) * self.steps_per_block
+        for t in cutlass.range(total, unroll=1):
+            n_tile, is_partial = self.kv_tile_of(blocks, t)
+            kv_pipe.consumer_wait(state)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, wg - 1)],
+                          tSrK[(None, None, kb, state.index)], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.modify_scores(acc_s, cS, is_partial, q_base, n_tile * bn, h_idx, b_idx,
+                               q_len, kv_len, captures)
+            self.online_softmax(acc_s, acc_o, row_max, row_sum)
+            rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+            rP.store(acc_s.load().to(self.dtype))
+            tOrP = cute.make_tensor(rP.iterator, _as_a_operand(acc_s.layout, bn))
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(bn // 16):
+                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)],
+                          tOrV[(None, None, kb, state.index)], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipe.consumer_release(state)
+            state.advance()
+        self.finish(acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
+                    q_len)
+
+    @cute.jit
+    def modify_scores(self, acc_s, cS, is_partial, q_base, kv_base, h_idx, b_idx, q_len,
+                      kv_len, captures):
+        """``acc_s`` <- log2e * (mask_mod ? score_mod(S * sm_scale) : -inf) per element."""
+        scale = self.config.sm_scale
+        neg_inf = -cutlass.Float32.inf
+        b32 = cutlass.Int32(b_idx)
+        h32 = cutlass.Int32(h_idx)
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            crd = cS[i]
+            q_idx = cutlass.Int32(q_base + crd[0])
+            kv_idx = cutlass.Int32(kv_base + crd[1])
+            kv_in = kv_idx < kv_len
+            in_bounds = kv_in & (q_idx < q_len)
+            score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
+                                   captures)
+            if is_partial:
+                keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures)
+                score = cutlass.select_(keep, score, neg_inf)
+            acc_s[i] = cutlass.select_(kv_in, score * LOG2E, neg_inf)
+
+    @cute.jit
+    def online_softmax(self, acc_s, acc_o, row_max, row_sum):
+        """Rescale O and the row sums to the new row maxima; ``acc_s`` <- exp2(s - max)."""
+        s_mn = cute.make_tensor(acc_s.iterator, _rows_cols(acc_s.layout, self.block_n))
+        o_mn = cute.make_tensor(acc_o.iterator, _rows_cols(acc_o.layout, self.head_dim))
+        for r in cutlass.range_constexpr(2):
+            m_new = row_max[r]
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                m_new = cute.arch.fmax(m_new, s_mn[r, c])
+            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+            m_use = cutlass.select_(m_new == -cutlass.Float32.inf, cutlass.Float32(0.0), m_new)
+            correction = cute.math.exp2(row_max[r] - m_use, fastmath=True)
+            row_max[r] = m_new
+            total = row_sum[r] * correction
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
+                s_mn[r, c] = p
+                total = total + p
+            row_sum[r] = total
+            for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                o_mn[r, c] = o_mn[r, c] * correction
+
+    @cute.jit
+    def finish(self, acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
+               q_len):
+        """O / l to ``mO`` (rows below Q_LEN), LSE and max (log2 units) to their rows."""
+        d = self.head_dim
+        if cutlass.const_expr(acc_o.layout.stride[0] != (1, 2, 4)):
+            raise ValueError(f"Sm90FlexAttention: accumulator layout {acc_o.layout}")
+        cO = pv_thr.partition_C(cute.make_identity_tensor((WG_M, d)))
+        inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            safe = cutlass.select_(total == 0.0, cutlass.Float32(1.0), total)
+            inv[r] = 1.0 / safe
+            # value 2 r: row r's first column of this thread (column 0 for lane % 4 == 0)
+            q_idx = q_base + cO[2 * r][0]
+            if q_idx < q_len:
+                if cO[2 * r][1] == 0:
+                    m = row_max[r]
+                    mLSE[b_idx, h_idx, q_idx] = m + cute.math.log2(safe, fastmath=False)
+                    mMax[b_idx, h_idx, q_idx] = m
+        # value i sits in row (i // 2) % 2 of the thread's two (stride (1, 2, 4))
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            crd = cO[i]
+            q_idx = q_base + crd[0]
+            if q_idx < q_len:
+                mO[b_idx, h_idx, q_idx, crd[1]] = (acc_o[i] * inv[(i // 2) % 2]).to(self.dtype)

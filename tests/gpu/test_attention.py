@@ -1,0 +1,215 @@
+"""Our FlexAttention forward on an sm_90 GPU, through torch.compile(flex_attention) with
+``kernel_options={"CUTEDSL": True}``: out and LSE against a float64 reference on fresh
+random inputs, for no mask, causal, sliding window, document masking, ALiBi, tanh
+soft-capping and a relative bias from a captured tensor; sequence lengths that are no
+tile multiples, Q_LEN != KV_LEN, GQA, bf16/fp16, head dims 64/128, each of the offered
+KV tiles; outputs NaN-poisoned (the allocator's free memory is filled with NaN before
+the call, so unwritten elements show). Inductor's name filter keeps only our choices,
+so what is checked is our kernel (asserted in the output code)."""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from cutedsl_inductor import config
+from cutedsl_inductor.kernels.attention import template as flex_template
+
+pytestmark = pytest.mark.gpu
+
+OURS = "cutedsl_sm90_flex_attention"
+OUT_TOLERANCE = 1e-2  # relative Frobenius error of a 16-bit output
+LSE_TOLERANCE = 2e-3  # absolute, natural log
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= 100)
+
+
+def soft_cap(score, b, h, q_idx, kv_idx):
+    return 30.0 * torch.tanh(score / 30.0)
+
+
+def make_alibi(heads):
+    slopes = torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+    return alibi
+
+
+def make_relative_bias(heads, q_len, kv_len):
+    bias = torch.randn(heads, q_len + kv_len - 1, device="cuda")
+
+    def relative_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx - kv_idx + kv_len - 1]
+    return relative_bias
+
+
+def make_document(length):
+    # documents of random lengths (ids ascending), the mask causal within a document
+    cuts = torch.sort(torch.randint(1, length, (5,), device="cuda")).values
+    ids = torch.bucketize(torch.arange(length, device="cuda"), cuts, right=True).int()
+
+    def document(b, h, q_idx, kv_idx):
+        return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
+    return document
+
+
+def reference(q, k, v, scale, score_mod, mask_mod):
+    """float64 out and natural-log LSE, the mods applied on broadcast index grids."""
+    batch, heads, q_len, _ = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    k = k.double().repeat_interleave(heads // kv_heads, dim=1)
+    v = v.double().repeat_interleave(heads // kv_heads, dim=1)
+    scores = (q.double() @ k.transpose(-1, -2)) * scale
+    idx = [torch.arange(n, device="cuda").view(*([1] * i), n, *([1] * (3 - i)))
+           for i, n in enumerate((batch, heads, q_len, kv_len))]
+    if score_mod is not None:
+        scores = score_mod(scores, *idx).double()
+    if mask_mod is not None:
+        keep = torch.broadcast_to(mask_mod(*idx), scores.shape)
+        scores = scores.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
+
+
+def poison_free_memory():
+    """Fill the caching allocator's free blocks with NaN: outputs allocated next start as
+    NaN, so an element the kernel does not write shows."""
+    torch.cuda.synchronize()
+    free = torch.cuda.mem_get_info()[0]
+    blob = torch.full((min(free // 8, 1 << 28),), float("nan"), device="cuda")
+    del blob
+
+
+@functools.cache
+def compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def run_ours(q, k, v, score_mod, block_mask, monkeypatch, block_n=None):
+    """(out, lse, output code) of flex_attention with only our choices."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    if block_n is not None:
+        real = flex_template.default_configs
+        monkeypatch.setattr(flex_template, "default_configs", lambda *a: [
+            c for c in real(*a) if c.block_n == block_n])
+    with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex": OURS}), \
+            config.patch(flex_max_configs=1):
+        poison_free_memory()
+        (out, lse), codes = run_and_get_code(
+            compiled_flex(), q, k, v, score_mod=score_mod, block_mask=block_mask,
+            return_lse=True, enable_gqa=q.shape[1] != k.shape[1],
+            kernel_options={"CUTEDSL": True, "BACKEND": "TRITON"})  # no flex decoding
+    return out, lse, "\n".join(codes)
+
+
+def check(q_len, kv_len, monkeypatch, *, heads=4, kv_heads=4, batch=2, head_dim=64,
+          dtype=torch.bfloat16, score_mod=None, mask_mod=None, block_n=None,
+          mask_per_head=False):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch.manual_seed(q_len * 7 + kv_len)
+    q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, batch if mask_per_head else None,
+                                       heads if mask_per_head else None, q_len, kv_len,
+                                       device="cuda")
+    out, lse, code = run_ours(q, k, v, score_mod, block_mask, monkeypatch, block_n)
+    assert OURS in code, "our kernel is not in the output code"
+    ref_out, ref_lse = reference(q, k, v, 1.0 / math.sqrt(head_dim), score_mod, mask_mod)
+    assert out.dtype == dtype and out.shape == ref_out.shape
+    assert not torch.isnan(out).any(), "NaN in out"
+    assert not torch.isnan(lse).any(), "NaN in the LSE"
+    error = ((out.double() - ref_out).norm() / ref_out.norm()).item()
+    assert error < OUT_TOLERANCE, f"out: relative error {error}"
+    lse_error = (lse.double() - ref_lse).abs().max().item()
+    assert lse_error < LSE_TOLERANCE, f"LSE: max abs error {lse_error}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_n", [128, 64])
+@pytest.mark.parametrize("q_len, kv_len", [(256, 256), (200, 200), (1000, 1000),
+                                           (100, 300), (333, 77)])
+def test_no_mask(monkeypatch, dtype, head_dim, block_n, q_len, kv_len):
+    check(q_len, kv_len, monkeypatch, dtype=dtype, head_dim=head_dim, block_n=block_n)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("q_len", [128, 300, 1029])
+@pytest.mark.parametrize("mask_per_head", [False, True])
+def test_causal(monkeypatch, head_dim, q_len, mask_per_head):
+    check(q_len, q_len, monkeypatch, head_dim=head_dim, mask_mod=causal,
+          mask_per_head=mask_per_head)
+
+
+@pytest.mark.parametrize("q_len", [512, 777])
+def test_sliding_window(monkeypatch, q_len):
+    check(q_len, q_len, monkeypatch, mask_mod=sliding_window, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("q_len", [640, 999])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_document_mask(monkeypatch, q_len, head_dim):
+    check(q_len, q_len, monkeypatch, head_dim=head_dim, mask_mod=make_document(q_len))
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(384, 384), (250, 410)])
+def test_alibi(monkeypatch, q_len, kv_len):
+    check(q_len, kv_len, monkeypatch, score_mod=make_alibi(4))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tanh_soft_capping_with_causal(monkeypatch, head_dim):
+    check(500, 500, monkeypatch, head_dim=head_dim, score_mod=soft_cap, mask_mod=causal)
+
+
+def test_relative_bias_from_a_captured_tensor(monkeypatch):
+    check(300, 260, monkeypatch, score_mod=make_relative_bias(4, 300, 260))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("mask_mod", [None, causal])
+def test_gqa(monkeypatch, kv_heads, mask_mod):
+    check(333, 333, monkeypatch, heads=8, kv_heads=kv_heads, mask_mod=mask_mod,
+          head_dim=128)
+
+
+def test_switched_off_inductor_runs_its_own_kernel():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    out, codes = run_and_get_code(compiled_flex(), q, q, q)
+    assert OURS not in "\n".join(codes)
+    assert not torch.isnan(out).any()
+
+
+def test_autotuned_against_triton(monkeypatch):
+    """Switched on without the name filter: ours and Triton's are timed, either may win,
+    and the result is right."""
+    from torch._inductor.utils import run_and_get_code
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 8, 1024, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    block_mask = create_block_mask(causal, None, None, 1024, 1024, device="cuda")
+    (out, lse), _ = run_and_get_code(compiled_flex(), q, k, v, block_mask=block_mask,
+                                     return_lse=True, kernel_options={"CUTEDSL": True})
+    ref_out, ref_lse = reference(q, k, v, 1.0 / math.sqrt(128), None, causal)
+    assert ((out.double() - ref_out).norm() / ref_out.norm()).item() < OUT_TOLERANCE
+    assert (lse.double() - ref_lse).abs().max().item() < LSE_TOLERANCE

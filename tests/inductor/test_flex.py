@@ -1,0 +1,191 @@
+"""flex_attention's lowering on a virtual sm_90 offers our FlexAttention choice when
+switched on (kernel option or knob), compiles it into the output code, and offers
+nothing when off.
+
+The graphs are traced with make_fx on fake CUDA tensors (the BlockMask made on the CPU,
+its tensors graph inputs). Two stand-ins for what a CPU-only torch lacks: the flex HOP's
+fake implementation copies into a restrided output (a copy this build cannot dispatch
+for "cuda": the fake output is restrided without it), and Triton is not installed, so
+the Triton template makes no choice (as if Inductor's name filter left only ours)."""
+
+import importlib
+import logging
+
+import pytest
+import torch
+from torch._inductor.debug import DebugContext
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.graph import GraphLowering
+from torch._inductor.ir import get_fill_order
+from torch._inductor.select_algorithm import TritonTemplate
+from torch._inductor.virtualized import V
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.attention.flex_attention import (
+    _apply_kernel_options,
+    _create_empty_block_mask,
+    create_block_mask,
+)
+
+from cutedsl_inductor import config
+from cutedsl_inductor.inductor import flex
+from tests.helpers import kernel_definitions, load_kernels, use_virtual_sm90
+
+HOP_MODULE = importlib.import_module("torch._higher_order_ops.flex_attention")
+FLEX_MODULE = importlib.import_module("torch._inductor.kernel.flex.flex_attention")
+B, H, S, D = 2, 4, 200, 64
+OURS = "cutedsl_sm90_flex_attention"
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _restrided(out, query_strides):
+    order = list(get_fill_order(query_strides))
+    strides = HOP_MODULE._construct_strides(out.shape, order)
+    if strides[-1] != 1:
+        order.remove(len(out.shape) - 1)
+        strides = HOP_MODULE._construct_strides(out.shape, [len(out.shape) - 1, *order])
+    return out.new_empty_strided(out.shape, strides)
+
+
+@pytest.fixture
+def virtual_flex(monkeypatch):
+    use_virtual_sm90(monkeypatch)
+    monkeypatch.setattr(HOP_MODULE, "_permute_strides", _restrided)
+    monkeypatch.setattr(TritonTemplate, "maybe_append_choice", lambda self, choices, **kw: None)
+    monkeypatch.setattr(config, "flex_max_configs", 1)
+
+
+def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D, masked=True):
+    """The output code of flex_attention(q, k, v) with a causal BlockMask (``masked``;
+    else flex's "no mask" one) and ``options`` as kernel_options; ``captured``: (shape,
+    dtype) of score_mod's extra inputs (graph inputs, passed as the HOP's
+    score_mod_other_buffers)."""
+    if masked:
+        block_mask = create_block_mask(causal, B, H, S, S, device="cpu")
+    else:
+        block_mask = _create_empty_block_mask(torch.empty(B, H, S, D), torch.empty(B, H, S, D))
+    parts = block_mask.as_tuple()
+    where = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor)]
+    score_mod = score_mod or (lambda score, b, h, m, n: score)
+
+    def fn(q, k, v, *tensors):
+        mask_tensors, extra = tensors[:len(where)], tensors[len(where):]
+        parts_here = list(parts)
+        for i, t in zip(where, mask_tensors):
+            parts_here[i] = t
+        kernel_options = _apply_kernel_options(q, k, v, True, dict(options))
+        out, lse, _ = HOP_MODULE.flex_attention(q, k, v, score_mod, tuple(parts_here), 0.125,
+                                                kernel_options, tuple(extra), ())
+        return out, lse
+
+    mode = FakeTensorMode()
+    with mode:
+        args = [torch.empty((B, H, S, head_dim), device="cuda", dtype=dtype) for _ in range(3)]
+        args += [torch.empty_strided(parts[i].shape, parts[i].stride(), dtype=parts[i].dtype,
+                                     device="cuda") for i in where]
+        args += [torch.empty(shape, device="cuda", dtype=dt) for shape, dt in captured]
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    graph = GraphLowering(gm, example_inputs=args)
+    with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), V.set_fake_mode(mode):
+        graph.run(*args)
+        return graph.codegen()[0].value
+
+
+def our_kernels(code):
+    return [d for d in kernel_definitions(code) if d.targets[0].id.startswith(OURS)]
+
+
+def test_the_kernel_option_offers_and_compiles_our_choice(virtual_flex):
+    code = lower({"CUTEDSL": True})
+    ours = our_kernels(code)
+    assert len(ours) == 1
+    name = ours[0].targets[0].id
+    # q, k, v, lse, max, the BlockMask's four tensors, out
+    assert f"{name}.run(arg0_1, arg1_1, arg2_1, buf0, buf1, arg3_1, arg4_1, arg5_1, " in code
+    load_kernels(ours)  # compiles for sm_90a
+
+
+def test_the_knob_offers_it_for_every_call_with_captured_tensors(virtual_flex, monkeypatch):
+    monkeypatch.setattr(config, "flex_attention", True)
+
+    def alibi(score, b, h, q_idx, kv_idx, slopes):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    code = lower({}, score_mod=alibi, captured=[((H,), torch.float32)])
+    ours = our_kernels(code)
+    assert len(ours) == 1
+    assert "captures[0][" in ours[0].value.args[1].value  # the slopes, read by the kernel
+    load_kernels(ours)
+
+
+def test_no_mask_walks_one_huge_block_as_the_tiles_of_kv_len(virtual_flex):
+    """flex's "no mask" BlockMask is one block of 2**30 without full blocks: the unused
+    full-block tensors come as one element each, not empty (no CuTe layout has a
+    0 extent), and the kernel walks only the tiles of KV_LEN
+    (``Sm90FlexAttention.steps_per_block``)."""
+    code = lower({"CUTEDSL": True}, masked=False)
+    ours = our_kernels(code)
+    assert len(ours) == 1
+    source = ours[0].value.args[1].value
+    assert "SPARSE_KV_BLOCK: cutlass.Constexpr = 1073741824" in source
+    assert "HAS_FULL_BLOCKS: cutlass.Constexpr = False" in source
+    assert code.count("empty_strided_cuda((1, ), (1, ), torch.float32)") == 2
+    load_kernels(ours)
+
+
+class Selected(Exception):
+    pass
+
+
+def spy_on_selection(monkeypatch):
+    """Record the choices flex_attention's lowering autotunes over, then stop it."""
+    seen = []
+
+    def select(name, choices, *args, **kwargs):
+        seen.append([c.name for c in choices])
+        raise Selected
+
+    monkeypatch.setattr(FLEX_MODULE, "autotune_select_algorithm", select)
+    return seen
+
+
+def test_switched_off_nothing_is_offered_and_nothing_is_wrapped(virtual_flex, monkeypatch):
+    seen = spy_on_selection(monkeypatch)
+    template = FLEX_MODULE.flex_attention_template
+    with pytest.raises(Exception, match="Selected"):  # Inductor wraps it in a LoweringException
+        lower({})
+    assert seen == [[]]  # Triton's (none here) and not ours
+    assert FLEX_MODULE.flex_attention_template is template
+
+
+def test_a_refused_problem_names_the_template_its_params_and_the_reason(
+        virtual_flex, monkeypatch, caplog):
+    seen = spy_on_selection(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="cutedsl_inductor.inductor.flex"), \
+            pytest.raises(Exception, match="Selected"):
+        lower({"CUTEDSL": True}, dtype=torch.float32)
+    assert seen == [[]]
+    message = next(r.getMessage() for r in caplog.records if "no CuteDSL flex" in r.getMessage())
+    assert "template sm90_flex_attention" in message and "'SM_SCALE': 0.125" in message
+    assert "dtype torch.float32: the kernel takes bf16/fp16" in message
+
+
+def test_our_option_is_removed_before_inductor_sees_it():
+    args = (1, 2, 3, 4, 5, 6, {"CUTEDSL": True, "BACKEND": "AUTO"})
+    stripped, kwargs, asked = flex._split_options(args, {})
+    assert asked and stripped[6] == {"BACKEND": "AUTO"} and kwargs == {}
+    _, kwargs, asked = flex._split_options((), {"kernel_options": {"CUTEDSL": False}})
+    assert not asked and kwargs == {"kernel_options": {}}
+
+
+def test_install_wraps_the_flex_lowerings_once():
+    from torch._inductor.lowering import lowerings
+
+    forward = lowerings[torch.ops.higher_order.flex_attention]
+    assert forward._cutedsl_flex
+    flex.install_flex()
+    assert lowerings[torch.ops.higher_order.flex_attention] is forward
+    assert lowerings[torch.ops.higher_order.flex_attention_backward]._cutedsl_flex

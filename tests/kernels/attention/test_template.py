@@ -1,0 +1,114 @@
+"""The FlexAttention template's choices compile GPU-less for sm_90a: bf16/fp16 x head dims
+64/128 x {no mods, causal, ALiBi with captured slopes, document mask}, on flex's real
+score_mod/mask_mod subgraphs (traced as ``tests/template/test_subgraph.py`` traces them,
+lowered by Inductor's ``build_subgraph_buffer``); what the kernel cannot take is refused
+with the reason."""
+
+import pytest
+import torch
+
+from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.kernels.attention.template import flex_choices
+from tests.helpers import make_input, make_layout
+from tests.template.test_subgraph import (
+    SCORE_PLACEHOLDERS,
+    alibi,
+    causal,
+    document,
+    lowered_subgraph,
+    traced,
+)
+
+B, H, S = 2, 4, 200  # S: not a multiple of the tiles
+OPTIONS = dict(SPARSE_Q_BLOCK_SIZE=128, SPARSE_KV_BLOCK_SIZE=128, HAS_FULL_BLOCKS=True,
+               SM_SCALE=0.125)
+MODS = {"none": (None, None), "causal": (None, causal), "alibi": (alibi, None),
+        "document": (None, document)}
+
+
+def flex_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_heads=H,
+                v_head_dim=None, kv_batch=B):
+    """flex's autotuning inputs (q, k, v, lse, max, the BlockMask's four tensors, the
+    captured buffers), the output layout and the two subgraphs' bodies."""
+    score_mod, mask_mod = mods
+    score_gm, mask_gm, score_caps, mask_caps = traced(score_mod, mask_mod)
+    q = make_input(graph, "q", (B, H, S, head_dim), dtype)
+    k = make_input(graph, "k", (kv_batch, kv_heads, S, head_dim), dtype)
+    v = make_input(graph, "v", (kv_batch, kv_heads, S, v_head_dim or head_dim), dtype)
+    lse, mx = make_input(graph, "lse", (B, H, S)), make_input(graph, "mx", (B, H, S))
+    blocks = (S + 127) // 128
+    sparse = [make_input(graph, name, shape, torch.int32) for name, shape in [
+        ("kv_num", (B, H, blocks)), ("kv_idx", (B, H, blocks, blocks)),
+        ("full_num", (B, H, blocks)), ("full_idx", (B, H, blocks, blocks))]]
+    placeholders = [("score", dtype), *SCORE_PLACEHOLDERS[1:]]
+    score, score_inputs = lowered_subgraph(graph, score_gm, placeholders, score_caps, "score_cap")
+    mask, mask_inputs = lowered_subgraph(graph, mask_gm, SCORE_PLACEHOLDERS[1:], mask_caps,
+                                         "mask_cap")
+    nodes = [q, k, v, lse, mx, *sparse, *score_inputs, *mask_inputs]
+    return nodes, make_layout((B, H, S, v_head_dim or head_dim), dtype), [score.body, mask.body]
+
+
+@pytest.mark.parametrize("mods", list(MODS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_kernel_compiles(graph, dtype, head_dim, mods):
+    nodes, layout, subgraphs = flex_inputs(graph, dtype, head_dim, MODS[mods])
+    choices = []
+    assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert len(choices) == 2  # config.flex_max_configs
+    compiled = compiler.stats["compiled"]
+    choices[0].load()  # sm_90a, TVM-FFI
+    assert compiler.stats["compiled"] == compiled + 1
+    kernel = choices[0].source.split("@cute.jit\ndef cutedsl_sm90_flex_attention")[0]
+    if mods in ("alibi", "document"):
+        assert "captures[0][" in kernel
+    if mods == "causal":
+        assert " >= " in kernel
+
+
+def test_one_huge_block_without_full_blocks_compiles(graph):
+    """flex's "no mask" BlockMask: one block of 2**30, no full blocks (their tensors one
+    unused element each, as ``inductor/flex.py`` makes them)."""
+    nodes, layout, subgraphs = flex_inputs(graph)
+    nodes[7] = make_input(graph, "no_full_num", (1,))
+    nodes[8] = make_input(graph, "no_full_idx", (1,))
+    choices = []
+    options = {**OPTIONS, "SPARSE_Q_BLOCK_SIZE": 1 << 30, "SPARSE_KV_BLOCK_SIZE": 1 << 30,
+               "HAS_FULL_BLOCKS": False}
+    assert flex_choices(choices, nodes, layout, subgraphs, options) is None
+    choices[0].load()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kv_batch", [B, 1])
+def test_gqa_compiles(graph, head_dim, kv_batch):
+    """GQA (2 KV heads for 4) and a broadcast KV batch, both head dims: K's and V's
+    TMA tensors stay within TMA's 5 dimensions."""
+    nodes, layout, subgraphs = flex_inputs(graph, head_dim=head_dim, kv_heads=2,
+                                           kv_batch=kv_batch, mods=MODS["causal"])
+    choices = []
+    assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    choices[0].load()
+
+
+@pytest.mark.parametrize("kwargs, options, reason", [
+    (dict(head_dim=32), {}, "head dims q/k 32/32, v 32"),
+    (dict(v_head_dim=128), {}, "head dims q/k 64/64, v 128"),
+    (dict(dtype=torch.float32), {}, "dtype torch.float32"),
+    (dict(kv_heads=3), {}, "q heads 4 / kv heads 3"),
+    ({}, dict(SPARSE_Q_BLOCK_SIZE=64), "no config fits the BlockMask's blocks"),
+])
+def test_refusals_say_why(graph, kwargs, options, reason):
+    nodes, layout, subgraphs = flex_inputs(graph, **kwargs)
+    choices = []
+    assert reason in flex_choices(choices, nodes, layout, subgraphs, {**OPTIONS, **options})
+    assert choices == []
+
+
+def test_a_score_mod_that_does_not_translate_is_refused_with_template_and_params(graph):
+    nodes, layout, subgraphs = flex_inputs(
+        graph, mods=(lambda score, b, h, q, kv: torch.sin(score), None))
+    choices = []
+    reason = flex_choices(choices, nodes, layout, subgraphs, OPTIONS)
+    assert choices == [] and "sm90_flex_attention" in reason and "BLOCK_N=" in reason
+    assert "sin" in reason
