@@ -185,8 +185,10 @@ FLEET_SCRIPT = WARM_SCRIPT + textwrap.dedent("""
 def test_another_machine_compiles_nothing(tmp_path, share, request):
     """Separate Inductor and kernel caches: the second machine gets the graph and the
     kernel through Inductor's remote FX graph cache and our remote tier on one Redis, or
-    through the first one's cache artifacts (loaded after importing cutedsl_inductor)."""
-    env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": str(int(share == "redis"))}
+    through the first one's cache artifacts (loaded after importing cutedsl_inductor).
+    Compiles stay in the process (no compile workers), where ``compiler.stats`` counts them."""
+    env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": str(int(share == "redis")),
+           "CUTEDSL_INDUCTOR_COMPILE_WORKERS": "0"}
     if share == "redis":
         env.update(request.getfixturevalue("redis_server").env())
 

@@ -307,10 +307,10 @@ def test_swiglu_takes_the_retimed_winner_over_a_mistimed_one(monkeypatch, caplog
     from cutedsl_inductor.kernels.gemm import template
     from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
 
-    slow = dict(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct",
-                swiglu="b")
-    fast = dict(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m",
-                swiglu="b")
+    slow = GemmConfig(tile_m=64, tile_n=32, cooperative=False, raster="n", store="direct",
+                      swiglu="b")
+    fast = GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cooperative=True, raster="m",
+                      swiglu="b")
     monkeypatch.setattr(template, "swiglu_configs", lambda *args, **kwargs: [slow, fast])
     measured = CuteDSLTemplateCaller.benchmark
 
