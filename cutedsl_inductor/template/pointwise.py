@@ -101,9 +101,9 @@ class PointwiseToCuteDSL(DefaultHandler):
 
     def _const_temp(self, op: str, value: Any, dtype: torch.dtype) -> str:
         if dtype in _FLOATS:
+            # Unrounded, in fp32, as Inductor's Triton code keeps a 16-bit constant (its
+            # compute type): flex's score / 30 is a bf16-typed multiply by 1/30.
             value = float(value)
-            if dtype in _FLOAT16 and math.isfinite(value):  # the value Inductor means
-                value = float(torch.tensor(value, dtype=dtype))
             if math.isnan(value):
                 text = "float('nan')"
             elif math.isinf(value):
