@@ -9,11 +9,12 @@ its kernels, e.g. the GEMM's body in ``sm90_gemm.py``: an edit there must miss e
 cache even where the version stays the same). With the disk cache on, a kernel it lacks
 is looked up in the remote tier (``remote_cache.py``) before compiling, what is compiled
 is stored and published there, and every kernel this process gets is recorded for
-torch.compile's cache artifacts (``artifacts.py``). ``compile_entry`` compiles a
-``@cute.jit`` entry with TVM-FFI (the stream comes from the caller's current torch
-stream); the result takes torch tensors directly. ``cached_kernel`` is the part of it
-that needs neither the entry nor CuTe DSL (memory, then the disk cache): a warm process
-gets its kernels from it without running their source. ``JitOnce`` gives upstream-style
+torch.compile's cache artifacts (``artifacts.py``). ``cached_kernel`` is what needs
+neither the entry nor CuTe DSL (memory, the disk cache, then the remote tier, whose
+objects are stored on disk with the library linked from them): a warm process, locally
+or remotely, gets its kernels from it without running their source. ``compile_entry``
+compiles a ``@cute.jit`` entry that none of them has with TVM-FFI (the stream comes from
+the caller's current torch stream); the result takes torch tensors directly. ``JitOnce`` gives upstream-style
 modules, whose plain Python entry calls a ``@cute.jit`` function itself, the same
 compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key__`` of
 each argument).
@@ -144,9 +145,10 @@ def compile_entry(
         return compiled, origin
 
 
-def cached_kernel(key: str) -> tuple[Any, str] | None:
-    """The function of ``key`` and where it came from, where this process ("memory") or
-    the disk cache ("disk") has it; else None, and nothing compiled or fetched."""
+def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
+    """The function of ``key`` and where it came from, where this process ("memory"),
+    the disk cache ("disk") or the remote tier ("remote": stored on disk under
+    ``describe``'s manifest fields) has it; else None, and nothing compiled."""
     compiled = _COMPILED.get(key)
     if compiled is not None:
         stats["memory_hits"] += 1
@@ -158,11 +160,14 @@ def cached_kernel(key: str) -> tuple[Any, str] | None:
         if compiled is not None:
             return compiled, "memory"
         with default_cache().entry(key) as entry:
-            function = _from_disk(entry, key)
+            function, origin = _from_disk(entry, key), "disk"
+            if function is None:
+                stats["disk_misses"] += 1
+                function, origin = _from_remote(entry, key, describe), "remote"
         if function is None:
             return None
         _COMPILED[key] = function
-        return function, "disk"
+        return function, origin
 
 
 def _from_disk(entry: Any, key: str) -> Any:
@@ -177,34 +182,40 @@ def _from_disk(entry: Any, key: str) -> Any:
     return loaded.function
 
 
+def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
+    """The function of ``key``'s entry in the remote tier, stored in ``entry`` (recorded
+    for the cache artifacts), or None: no tier, no entry, or one that does not load."""
+    tier = default_tier()
+    fetched = tier.fetch("kernel", key) if tier is not None else None
+    if fetched is None:
+        return None
+    fields = manifest_fields(describe)
+    try:
+        function = entry.adopt(fetched[1], fields)
+    except Exception as err:  # verified, yet it does not load: compile instead
+        log.warning("CuteDSL kernel %s from the remote cache does not load (%s: %s); "
+                    "compiling it", describe.get("kernel"), type(err).__name__, err)
+        return None
+    stats["remote_hits"] += 1
+    record_artifact("kernel", key, fetched[1], fields)
+    return function
+
+
 def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str, arch: str,
                     describe: dict[str, Any]) -> tuple[Any, str]:
-    """From the disk cache (an entry stored since ``cached_kernel`` looked), else the
-    remote tier (stored on disk), else compiled (stored and published); each recorded
-    for torch.compile's cache artifacts."""
+    """From the disk cache (an entry stored since ``cached_kernel`` looked in it and in
+    the remote tier), else compiled (stored and published); each recorded for
+    torch.compile's cache artifacts."""
     fields = manifest_fields(describe | {"arch": arch})
     with default_cache().entry(key) as entry:
         function = _from_disk(entry, key)
         if function is not None:
             return function, "disk"
-        stats["disk_misses"] += 1
-        tier = default_tier()
-        fetched = tier.fetch("kernel", key) if tier is not None else None
-        if fetched is not None:
-            try:
-                function = entry.adopt(fetched[1], fields)
-            except Exception as err:  # verified, yet it does not load: compile instead
-                log.warning("CuteDSL kernel %s from the remote cache does not load (%s: "
-                            "%s); compiling it", describe.get("kernel"), type(err).__name__,
-                            err)
-            else:
-                stats["remote_hits"] += 1
-                record_artifact("kernel", key, fetched[1], fields)
-                return function, "remote"
         compiled = _compile(entry_fn, specs, arch, describe)
         data = export_object(compiled, key)
         if data is not None:
             entry.store(data, fields)
+            tier = default_tier()
             if tier is not None:
                 tier.publish("kernel", key, data, fields)
             record_artifact("kernel", key, data, fields)

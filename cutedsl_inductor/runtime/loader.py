@@ -108,16 +108,16 @@ def load_kernel(
     params: dict[str, Any] | None = None,
 ) -> CuteDSLKernelWrapper:
     key = kernel_key(kernel_name, source, specs)
-    cached = cached_kernel(key)
+    describe = {"kernel": kernel_name, "template": template, "params": params or {},
+                "path": source_file(source)[1],
+                "signature": ", ".join(spec.describe() for spec in specs)}
+    cached = cached_kernel(key, describe | {"arch": target_arch()})
     if cached is not None:
-        path = source_file(source)[1]
-        kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
-        return TVMFFIKernelWrapper(cached[0], path, kernel_name=kernel_name, template=template,
-                                   specs=specs, origin=cached[1])
+        kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, describe["path"])
+        return TVMFFIKernelWrapper(cached[0], describe["path"], kernel_name=kernel_name,
+                                   template=template, specs=specs, origin=cached[1])
     module, path = import_source(source)
     kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
-    describe = {"kernel": kernel_name, "template": template, "params": params or {},
-                "path": path, "signature": ", ".join(spec.describe() for spec in specs)}
     name = entry_name(kernel_name)
     entry = getattr(module, name, None)
     if entry is None:

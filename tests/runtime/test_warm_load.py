@@ -1,7 +1,11 @@
 """A warm process: Inductor's output code of a GEMM graph (lowered on a virtual sm_90, its
-kernels compiled GPU-less into the disk cache), its kernel definitions run in a fresh
-interpreter as the output module runs them. Every kernel comes from the disk cache as a
-TVM-FFI function, and neither CuTe DSL nor the GEMM's modules are imported."""
+kernels compiled GPU-less into the disk cache and published to a real Redis), its kernel
+definitions run in a fresh interpreter as the output module runs them, with the cold
+process's disk cache (locally warm) or an empty one and the Redis (remotely warm). Every
+kernel comes from that tier as a TVM-FFI function, and neither CuTe DSL nor the GEMM's
+modules are imported."""
+
+import pytest
 
 import ast
 import json
@@ -55,8 +59,9 @@ def our_part_of(code):
     return ast.unparse(ast.Module([*imports, *definitions], type_ignores=[])), definitions
 
 
+@pytest.mark.parametrize("tier", ["disk", "remote"])
 def test_a_warm_process_loads_its_kernels_without_cute_dsl(monkeypatch, tmp_path,
-                                                           kernel_cache_dir):
+                                                           kernel_cache_dir, remote_redis, tier):
     def graph(x, w1, w2):
         return torch.relu(x @ w1.t()) @ w2.t()
 
@@ -69,7 +74,8 @@ def test_a_warm_process_loads_its_kernels_without_cute_dsl(monkeypatch, tmp_path
     (tmp_path / "ours.py").write_text(source)
 
     names = [d.targets[0].id for d in definitions]
-    env = {**os.environ, "CUTEDSL_INDUCTOR_CACHE_DIR": str(kernel_cache_dir),
+    cache_dir = kernel_cache_dir if tier == "disk" else tmp_path / "another_machine"
+    env = {**os.environ, **remote_redis.env(), "CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir),
            "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "ours.py"),
                           json.dumps(names)], cwd=ROOT, env=env, capture_output=True,
@@ -78,8 +84,8 @@ def test_a_warm_process_loads_its_kernels_without_cute_dsl(monkeypatch, tmp_path
     warm = json.loads(run.stdout.splitlines()[-1])
     assert warm["cutlass"] == [] and warm["kernels_modules"] == []
     assert warm["functions"] == ["tvm_ffi.core.Function"] * 2
-    assert warm["origins"] == ["disk"] * 2
-    assert warm["stats"]["disk_hits"] == 2 and warm["stats"]["compiled"] == 0
+    assert warm["origins"] == [tier] * 2
+    assert warm["stats"][f"{tier}_hits"] == 2 and warm["stats"]["compiled"] == 0
     # each one is the kernel's launcher, whose own checks refuse CPU tensors
     assert len(warm["refused"]) == 2
     assert all("expected a CUDA tensor" in message for message in warm["refused"])
