@@ -189,3 +189,11 @@ def test_install_wraps_the_flex_lowerings_once():
     flex.install_flex()
     assert lowerings[torch.ops.higher_order.flex_attention] is forward
     assert lowerings[torch.ops.higher_order.flex_attention_backward]._cutedsl_flex
+
+
+def test_the_backward_options_are_argument_11():
+    """flex_attention_backward's kernel_options come after grad_logsumexp (often None),
+    the graphs, the BlockMask and the scale."""
+    args = (*range(6), None, "fw", "joint", (), 0.125, {"CUTEDSL": True}, (), ())
+    stripped, _, asked = flex._split_options(args, {}, flex._BACKWARD_OPTIONS_ARG)
+    assert asked and stripped[11] == {} and stripped[6] is None

@@ -36,12 +36,17 @@ def traced_backward(score_mod=None, mask_mod=None, dtype=torch.bfloat16):
     joint graph from them as flex's autograd makes it (``create_fw_bw_graph``; flex has
     no CPU backward to trace)."""
     from torch._higher_order_ops.flex_attention import create_fw_bw_graph
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     score_gm, mask_gm, score_caps, mask_caps = traced(score_mod, mask_mod)
     index_values = (torch.zeros((), dtype=dtype, requires_grad=True),
                     *(torch.zeros((), dtype=torch.int32) for _ in range(4)))
     caps = tuple(torch.empty_strided(c.shape, c.stride(), dtype=c.dtype) for c in score_caps)
     _, joint_gm = create_fw_bw_graph(score_gm, index_values, caps)
+    # decomposed as Inductor decomposes the backward graph that holds it
+    args = [t.detach() for t in index_values] + [torch.zeros((), dtype=dtype), *caps]
+    joint_gm = make_fx(joint_gm, decomposition_table=select_decomp_table())(*args)
     return score_gm, joint_gm, mask_gm, score_caps, mask_caps
 
 
