@@ -181,7 +181,8 @@ fused_choice_candidates: int = _knob(
     changes_code=True)
 flex_attention: bool = _knob(
     "flex_attention", "CUTEDSL_INDUCTOR_FLEX_ATTENTION", False, Boolean(),
-    "offer our FlexAttention forward in every flex_attention lowering (one call: "
+    "offer our FlexAttention forward and backward in every flex_attention (and "
+    "flex_attention_backward) lowering (one call: "
     "`kernel_options={\"CUTEDSL\": True}`), timed against Inductor's Triton kernel",
     changes_code=True)
 flex_max_configs: int = _knob(

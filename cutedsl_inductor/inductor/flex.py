@@ -1,28 +1,36 @@
-"""Our FlexAttention forward as a choice of Inductor's flex_attention lowering.
+"""Our FlexAttention forward and backward as choices of Inductor's flex_attention and
+flex_attention_backward lowerings.
 
-``install_flex`` wraps the lowerings of the ``flex_attention`` HOP (and, only to strip
-our option, of ``flex_attention_backward``). It is switched on per call by
+``install_flex`` wraps the lowerings of the ``flex_attention`` and
+``flex_attention_backward`` HOPs. Either is switched on per call by
 ``kernel_options={"CUTEDSL": True}`` (torch validates ``BACKEND`` against its own
 names, so the switch is a key of ours, removed before Inductor's lowering sees the
-options) or for every call by ``config.flex_attention``. Switched on, Inductor's own
-lowering runs with two of its module globals wrapped for the duration of the call:
-``flex_attention_template.maybe_append_choice`` (which hands us, on its first call,
-the subgraphs and kernel options it builds its Triton choices from) and
-``autotune_select_algorithm`` (where, for ``"flex_attention"``, our choices join the
-Triton ones on the same input nodes -- q, k, v, lse, max, the BlockMask's four
-tensors, then the captured buffers -- so autotuning times them against each other).
-Both names exist in torch 2.11 and 2.13's ``torch/_inductor/kernel/flex/flex_attention.py``;
-where either is missing nothing is wrapped and Inductor's lowering runs unchanged (a
-warning says so once).
+options; the forward's kernel options reach the backward HOP too, so one switch turns
+on both) or for every call by ``config.flex_attention``. Switched on, Inductor's own
+lowering runs with two of its module globals wrapped for the duration of the call: the
+Triton template's ``maybe_append_choice`` (``flex_attention_template`` /
+``flex_attention_backward_template``: it hands us, on its first call, the subgraphs
+and kernel options it builds its Triton choices from) and ``autotune_select_algorithm``
+(where, for ``"flex_attention"`` / ``"flex_attention_backward"``, our choices join the
+Triton ones on the same input nodes, so autotuning times them against each other: the
+forward's q, k, v, lse, max, the BlockMask's four tensors, then the captured buffers;
+the backward's q, k, v, lse, delta, grad_out, grad_query, grad_value, the BlockMask's
+eight tensors, then the captured buffers). These names exist in torch 2.11 and 2.13's
+``torch/_inductor/kernel/flex/flex_attention.py`` (2.13's select returns a pair, 2.11's
+the node: passed through untouched); where one is missing nothing is wrapped and
+Inductor's lowering runs unchanged (a warning says so once).
 
 A BlockMask without full blocks (flex's "no mask" one) makes the lowering pass
-``empty(0)`` tensors in their place, never read, which no CuTe kernel can take (a
-0-extent layout): within the call its ``empty`` makes them of one element instead.
+``empty(0)`` tensors in their place (two in the forward, four in the backward), never
+read, which no CuTe kernel can take (a 0-extent layout): within the call its ``empty``
+makes them of one element instead.
 
 Failure semantics: switched off, nothing changes. Switched on, a problem our kernel
 cannot take (a reason from ``kernels/attention/template.py``), a choice that fails to
 render (a ``SubgraphError``: a score_mod that does not translate) and one that fails to
-compile or run are dropped with a logged reason; the Triton choices remain. The paths
+compile or run are dropped with a logged reason; the Triton choices remain (the
+backward also refuses score_mods whose captured tensors need gradients:
+``kernels/attention/bwd_template.py``). The paths
 that do not reach the Triton template (flex decoding, the FLASH backend, CPU) get no
 choice of ours (logged at debug): under ``BACKEND="AUTO"`` a query shorter than 128
 takes flex decoding; ``BACKEND="TRITON"`` keeps it on the template path.
@@ -43,7 +51,9 @@ log = logging.getLogger(__name__)
 
 OPTION = "CUTEDSL"  # kernel_options={"CUTEDSL": True}
 _MODULE = "torch._inductor.kernel.flex.flex_attention"
-_KERNEL_OPTIONS_ARG = 6  # the HOPs' kernel_options argument (forward and backward)
+_FORWARD_OPTIONS_ARG = 6  # the HOPs' kernel_options argument
+_BACKWARD_OPTIONS_ARG = 11
+_OPTION_KEYS = ("SM_SCALE", "SPARSE_Q_BLOCK_SIZE", "SPARSE_KV_BLOCK_SIZE", "HAS_FULL_BLOCKS")
 
 
 @functools.cache
@@ -51,13 +61,15 @@ def _warn_once(message: str) -> None:
     log.warning(message)
 
 
-def _split_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict, bool]:
-    """The HOP's arguments with our key removed from kernel_options, and its value."""
+def _split_options(args: tuple[Any, ...], kwargs: dict[str, Any],
+                   index: int = _FORWARD_OPTIONS_ARG) -> tuple[tuple, dict, bool]:
+    """The HOP's arguments with our key removed from kernel_options (argument ``index``),
+    and its value."""
     args, kwargs = list(args), dict(kwargs)
-    if len(args) > _KERNEL_OPTIONS_ARG:
-        options = dict(args[_KERNEL_OPTIONS_ARG])
+    if len(args) > index:
+        options = dict(args[index])
         asked = bool(options.pop(OPTION, False))
-        args[_KERNEL_OPTIONS_ARG] = options
+        args[index] = options
     else:
         options = dict(kwargs.get("kernel_options", {}))
         asked = bool(options.pop(OPTION, False))
@@ -67,11 +79,14 @@ def _split_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple
 
 class _Offer:
     """One lowering's interception: what the Triton template was given, and our choices
-    added where the lowering autotunes."""
+    added where the lowering autotunes. ``kind``: ``"flex_attention"`` (the forward) or
+    ``"flex_attention_backward"``, the Triton template's module global then being
+    ``<kind>_template`` and the autotuning's name ``kind``."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, kind: str = "flex_attention") -> None:
         self.module = module
-        self.template = module.flex_attention_template
+        self.kind = kind
+        self.template = getattr(module, f"{kind}_template")
         self.select = module.autotune_select_algorithm
         self.empty = getattr(module, "empty", None)
         self.seen: dict[str, Any] | None = None
@@ -86,30 +101,33 @@ class _Offer:
 
     def autotune_select_algorithm(self, name: str, choices: list[Any], input_nodes: list[Any],
                                   layout: Any, *args: Any, **kwargs: Any) -> Any:
-        if name == "flex_attention":
+        if name == self.kind:
             self.offer(choices, list(input_nodes), layout)
         return self.select(name, choices, input_nodes, layout, *args, **kwargs)
 
     def offer(self, choices: list[Any], nodes: list[Any], layout: Any) -> None:
         if self.seen is None:
-            log.debug("flex_attention: the Triton template made no choice; none of ours")
+            log.debug("%s: the Triton template made no choice; none of ours", self.kind)
             return
-        options = {k: self.seen.get(k) for k in ("SM_SCALE", "SPARSE_Q_BLOCK_SIZE",
-                                                 "SPARSE_KV_BLOCK_SIZE", "HAS_FULL_BLOCKS")}
-        try:  # lazily: the kernel imports cutlass
-            from ..kernels.attention.template import flex_choices, flex_template
+        options = {k: self.seen.get(k) for k in _OPTION_KEYS}
+        try:  # lazily: the kernels import cutlass
+            if self.kind == "flex_attention":
+                from ..kernels.attention.template import flex_choices as make
+                from ..kernels.attention.template import flex_template as template
+            else:
+                from ..kernels.attention.bwd_template import flex_bwd_choices as make
+                from ..kernels.attention.bwd_template import flex_bwd_template as template
         except ImportError as err:
             _warn_once(f"CuteDSL flex_attention is on but CuTe DSL cannot be imported "
                        f"({err}): no CuteDSL choice")
             return
         before = len(choices)
-        reason = flex_choices(choices, nodes, layout, list(self.seen.get("subgraphs") or []),
-                              options)
+        reason = make(choices, nodes, layout, list(self.seen.get("subgraphs") or []), options)
         if reason is not None:
-            log.warning("no CuteDSL flex_attention choice (template %s, params %s): %s",
-                        flex_template.name, options, reason)
+            log.warning("no CuteDSL %s choice (template %s, params %s): %s", self.kind,
+                        template.name, options, reason)
         else:
-            log.debug("flex_attention: %d CuteDSL choice(s) offered", len(choices) - before)
+            log.debug("%s: %d CuteDSL choice(s) offered", self.kind, len(choices) - before)
 
     def nonempty(self, *size: Any, **kwargs: Any) -> Any:
         """``empty`` with a 0-element 1-D size made 1 (the unused full-block tensors)."""
@@ -119,46 +137,45 @@ class _Offer:
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        self.module.flex_attention_template = self
+        template_name = f"{self.kind}_template"
+        setattr(self.module, template_name, self)
         self.module.autotune_select_algorithm = self.autotune_select_algorithm
         if self.empty is not None:
             self.module.empty = self.nonempty
         try:
             yield
         finally:
-            self.module.flex_attention_template = self.template
+            setattr(self.module, template_name, self.template)
             self.module.autotune_select_algorithm = self.select
             if self.empty is not None:
                 self.module.empty = self.empty
 
 
-def _flex_module() -> Any:
+def _flex_module(kind: str) -> Any:
     try:
         module = importlib.import_module(_MODULE)
     except ImportError:
         return None
-    if not all(hasattr(module, n) for n in ("flex_attention_template",
-                                            "autotune_select_algorithm")):
+    if not all(hasattr(module, n) for n in (f"{kind}_template", "autotune_select_algorithm")):
         return None
     return module
 
 
-def _forward(original: Any, *args: Any, **kwargs: Any) -> Any:
-    args, kwargs, asked = _split_options(args, kwargs)
+def _lower(kind: str, index: int, original: Any, *args: Any, **kwargs: Any) -> Any:
+    args, kwargs, asked = _split_options(args, kwargs, index)
     if not (asked or config.flex_attention):
         return original(*args, **kwargs)
-    module = _flex_module()
+    module = _flex_module(kind)
     if module is None:
         _warn_once(f"CuteDSL flex_attention is on but this torch's {_MODULE} lacks "
-                   "flex_attention_template / autotune_select_algorithm: no CuteDSL choice")
+                   f"{kind}_template / autotune_select_algorithm: no CuteDSL {kind} choice")
         return original(*args, **kwargs)
-    with _Offer(module).patched():
+    with _Offer(module, kind).patched():
         return original(*args, **kwargs)
 
 
-def _backward(original: Any, *args: Any, **kwargs: Any) -> Any:
-    args, kwargs, _ = _split_options(args, kwargs)
-    return original(*args, **kwargs)
+_forward = functools.partial(_lower, "flex_attention", _FORWARD_OPTIONS_ARG)
+_backward = functools.partial(_lower, "flex_attention_backward", _BACKWARD_OPTIONS_ARG)
 
 
 def _wrap(op: Any, body: Any) -> None:

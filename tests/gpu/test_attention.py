@@ -1,4 +1,4 @@
-"""Our FlexAttention forward on an sm_90 GPU, through torch.compile(flex_attention) with
+"""Our FlexAttention forward and backward on an sm_90 GPU, through torch.compile(flex_attention) with
 ``kernel_options={"CUTEDSL": True}``: out and LSE against a float64 reference on fresh
 random inputs, for no mask, causal, sliding window, document masking, ALiBi, tanh
 soft-capping and a relative bias from a captured tensor; sequence lengths that are no
@@ -213,3 +213,157 @@ def test_autotuned_against_triton(monkeypatch):
     ref_out, ref_lse = reference(q, k, v, 1.0 / math.sqrt(128), None, causal)
     assert ((out.double() - ref_out).norm() / ref_out.norm()).item() < OUT_TOLERANCE
     assert (lse.double() - ref_lse).abs().max().item() < LSE_TOLERANCE
+
+
+# ---------------------------------------------------------------------------- backward
+# Our FlexAttention backward through torch.compile: a training step (forward, then
+# backward of a random grad_out) with kernel_options={"CUTEDSL": True}; dQ, dK, dV against
+# float64 autograd of the reference. The name filter keeps only our choices in both
+# lowerings (the backward's name extends the forward's), asserted in the output code.
+# Small cases first: run with -x.
+
+OURS_BWD = "cutedsl_sm90_flex_attention_bwd"
+GRAD_TOLERANCE = 2e-2  # relative Frobenius error of a 16-bit gradient
+
+
+def run_ours_backward(q, k, v, grad_out, score_mod, block_mask):
+    """(dq, dk, dv, output code) of a compiled flex_attention step with only our choices."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def step():
+        out = compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                              enable_gqa=q.shape[1] != k.shape[1],
+                              kernel_options={"CUTEDSL": True, "BACKEND": "TRITON"})
+        out.backward(grad_out)
+        return out
+
+    with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex": OURS}), \
+            config.patch(flex_max_configs=1):
+        poison_free_memory()
+        _, codes = run_and_get_code(step)
+    return q.grad, k.grad, v.grad, "\n".join(codes)
+
+
+def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
+                   dtype=torch.bfloat16, score_mod=None, mask_mod=None, mask_per_head=False):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch.manual_seed(q_len * 11 + kv_len)
+    q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
+    grad_out = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, batch if mask_per_head else None,
+                                       heads if mask_per_head else None, q_len, kv_len,
+                                       device="cuda")
+    grads = run_ours_backward(q, k, v, grad_out, score_mod, block_mask)
+    assert OURS_BWD in grads[3], "our backward kernel is not in the output code"
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    out, _ = reference(*ref, 1.0 / math.sqrt(head_dim), score_mod, mask_mod)
+    out.backward(grad_out.double())
+    for name, got, want in zip(("dq", "dk", "dv"), grads[:3], ref):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert not torch.isnan(got).any(), f"NaN in {name}"
+        error = ((got.double() - want.grad).norm() / want.grad.norm()).item()
+        assert error < GRAD_TOLERANCE, f"{name}: relative error {error}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("q_len, kv_len", [(128, 128), (256, 256), (200, 200), (100, 300),
+                                           (333, 77), (1000, 1000)])
+def test_backward_no_mask(q_len, kv_len, dtype, head_dim):
+    check_backward(q_len, kv_len, dtype=dtype, head_dim=head_dim)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("q_len", [128, 300, 1029])
+@pytest.mark.parametrize("mask_per_head", [False, True])
+def test_backward_causal(head_dim, q_len, mask_per_head):
+    check_backward(q_len, q_len, head_dim=head_dim, mask_mod=causal, mask_per_head=mask_per_head)
+
+
+@pytest.mark.parametrize("q_len", [512, 777])
+def test_backward_sliding_window(q_len):
+    check_backward(q_len, q_len, mask_mod=sliding_window, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("q_len", [640, 999])
+def test_backward_document_mask(q_len):
+    check_backward(q_len, q_len, head_dim=128, mask_mod=make_document(q_len))
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(384, 384), (250, 410)])
+def test_backward_alibi(q_len, kv_len):
+    check_backward(q_len, kv_len, score_mod=make_alibi(4))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_tanh_soft_capping_with_causal(head_dim):
+    check_backward(500, 500, head_dim=head_dim, score_mod=soft_cap, mask_mod=causal)
+
+
+def test_backward_relative_bias_from_a_captured_tensor():
+    check_backward(300, 260, score_mod=make_relative_bias(4, 300, 260))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("mask_mod", [None, causal])
+def test_backward_gqa(kv_heads, mask_mod):
+    check_backward(333, 333, heads=8, kv_heads=kv_heads, mask_mod=mask_mod, head_dim=128)
+
+
+def test_backward_a_captured_tensor_needing_grad_falls_back_to_triton(caplog):
+    """A learnable bias: our backward refuses (the joint graph writes the bias's
+    gradient) with a logged reason, Triton's runs, and the gradients are right."""
+    import logging
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    bias = torch.zeros(2, device="cuda", requires_grad=True)
+
+    def step():
+        out = compiled_flex()(q, k, v, score_mod=lambda s, b, h, m, n: s + bias[h],
+                              kernel_options={"CUTEDSL": True, "BACKEND": "TRITON"})
+        out.sum().backward()
+
+    with caplog.at_level(logging.WARNING, logger="cutedsl_inductor.inductor.flex"):
+        _, codes = run_and_get_code(step)
+    assert OURS_BWD not in "\n".join(codes)
+    assert any("captured tensors need gradients" in r.getMessage() for r in caplog.records)
+    assert bias.grad is not None and not torch.isnan(q.grad).any()
+
+
+def test_a_training_step_runs_our_backward_against_triton():
+    """Switched on without the name filter, a small model's training step through
+    flex_attention: ours and Triton's are timed in both lowerings, either may win, the
+    step's gradient of the projection matches float64."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(128, 3 * 128, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 512, 128, device="cuda", dtype=torch.bfloat16)
+    block_mask = create_block_mask(causal, None, None, 512, 512, device="cuda")
+
+    def loss(x):
+        q, k, v = proj(x).view(2, 512, 3, 2, 64).permute(2, 0, 3, 1, 4)
+        out = flex_attention(q, k, v, block_mask=block_mask, kernel_options={"CUTEDSL": True})
+        return out.float().pow(2).sum()
+
+    torch.compile(loss, dynamic=False)(x).backward()
+    weight = proj.weight.detach().double().requires_grad_()
+    q, k, v = (x.double() @ weight.T + proj.bias.double()).view(2, 512, 3, 2, 64).permute(
+        2, 0, 3, 1, 4)
+    out, _ = reference(q, k, v, 1.0 / 8.0, None, causal)
+    out.pow(2).sum().backward()
+    error = ((proj.weight.grad.double() - weight.grad).norm() / weight.grad.norm()).item()
+    assert error < 5e-2, f"the projection's gradient: relative error {error}"

@@ -189,3 +189,41 @@ def test_install_wraps_the_flex_lowerings_once():
     flex.install_flex()
     assert lowerings[torch.ops.higher_order.flex_attention] is forward
     assert lowerings[torch.ops.higher_order.flex_attention_backward]._cutedsl_flex
+
+
+def test_the_backward_options_are_argument_11():
+    """flex_attention_backward's kernel_options come after grad_logsumexp (often None),
+    the graphs, the BlockMask and the scale."""
+    args = (*range(6), None, "fw", "joint", (), 0.125, {"CUTEDSL": True}, (), ())
+    stripped, _, asked = flex._split_options(args, {}, flex._BACKWARD_OPTIONS_ARG)
+    assert asked and stripped[11] == {} and stripped[6] is None
+
+
+def test_the_backward_lowering_hands_our_backward_its_subgraphs_and_options(monkeypatch):
+    """Under the backward lowering, the Triton template's first maybe_append_choice hands
+    over the subgraphs and kernel options; "flex_attention_backward"'s autotuning gets
+    our choices on the same input nodes and layout (what the Triton one returns is
+    passed through)."""
+    import types
+
+    from cutedsl_inductor.kernels.attention import bwd_template
+
+    calls = []
+    monkeypatch.setattr(bwd_template, "flex_bwd_choices",
+                        lambda *args: calls.append(args) or None)
+    triton = types.SimpleNamespace(maybe_append_choice=lambda *a, **kw: None)
+    module = types.SimpleNamespace(flex_attention_backward_template=triton,
+                                   autotune_select_algorithm=lambda *a, **kw: ("node", None))
+    offer = flex._Offer(module, "flex_attention_backward")
+    with offer.patched():
+        module.flex_attention_backward_template.maybe_append_choice(
+            choices=[], subgraphs=["fw", "joint", "mask", []], SM_SCALE=0.125,
+            SPARSE_Q_BLOCK_SIZE=128, SPARSE_KV_BLOCK_SIZE=128, HAS_FULL_BLOCKS=True)
+        assert module.autotune_select_algorithm("flex_attention_backward", ["triton"],
+                                                ["q", "k"], "layout") == ("node", None)
+    assert module.flex_attention_backward_template is triton
+    (choices, nodes, layout, subgraphs, options), = calls
+    assert choices == ["triton"] and nodes == ["q", "k"] and layout == "layout"
+    assert subgraphs == ["fw", "joint", "mask", []]
+    assert options == {"SM_SCALE": 0.125, "SPARSE_Q_BLOCK_SIZE": 128,
+                       "SPARSE_KV_BLOCK_SIZE": 128, "HAS_FULL_BLOCKS": True}

@@ -1,0 +1,563 @@
+"""FlexAttention backward for Hopper (sm_90a) in CuTe DSL: dQ, dK, dV from Q, K, V, dO,
+the forward's LSE and Inductor's delta = rowsum(dO * O) (less dLSE / ln 2), in two
+kernels launched one after the other on the caller's stream, neither with atomics.
+
+dK/dV kernel: one CTA per (128-row KV tile, KV head, Q batch), 3 warpgroups. Warp 0
+loads K and V once (two 64-row halves each) and then, for each Q head of the KV head's
+group and each Q tile of 64 rows that the BlockMask's transposed lists name
+(``q_num_blocks``/``q_indices`` partial, ``full_q_*`` full), Q's and dO's tiles into a
+``stages``-deep ring. Consumer warpgroup w owns KV rows ``64 (w - 1) ..``: per Q tile
+S^T = K Q^T and dP^T = V dO^T (WGMMA, smem operands), P^T = exp2(score_mod(S^T
+scale) log2e - LSE) (0 where masked or out of bounds), dV += P^T dO, dS^T = joint(P^T
+(dP^T - delta)) (0 where masked), dK += dS^T Q (A from registers; dO and Q as
+MN-major B through a transposed view of their tiles). The end stores dK * scale and dV
+(rows below KV_LEN) into the (Q batch, KV head) slices: a broadcast KV batch is summed
+by Inductor's lowering, GQA's Q heads inside the CTA.
+
+dQ kernel: one CTA per (128-row Q tile, Q head, batch), the forward's shape and
+BlockMask walk (``kv_num_blocks``/``kv_indices``, full blocks): Q and dO resident, K and V
+in a ring of 64-row tiles; S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K as MN-major
+B through a transposed view); dQ * scale stored (rows below Q_LEN).
+
+Invariants: LSE is in log2 units, as the forward stores it (``Sm90FlexAttention``): P =
+exp2(post_mod * log2e - LSE); a row's LSE of -inf (no key reached it) reads as 0, so
+its P is 0, as in Inductor's Triton backward. Elements outside (Q_LEN, KV_LEN) and
+masked ones get P = 0 and dS = 0 whatever score_mod or its gradient make of them;
+captured reads there are at index 0 (``in_bounds``). Every element of dQ, dK, dV is
+written (zeros where no block is listed).
+
+Hooks (the template overrides them): ``score_mod`` and ``mask_mod`` as the forward's,
+``joint_mod(score, grad, b, h, q_idx, kv_idx, in_bounds, captures)`` -> Float32: the
+gradient w.r.t. the pre-mod score, given ``grad`` w.r.t. the post-mod score.
+
+Failure semantics: a ``FlexBwdConfig`` that cannot run raises ``ValueError`` at
+construction; operand dtypes or head dims the kernels cannot take raise ``ValueError``
+while tracing (the choice is then dropped).
+"""
+
+# No ``from __future__ import annotations``: ``cute.struct`` reads annotations as types.
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
+from .sm90_flex import LOG2E, THREADS_PER_WG, WG_M, _as_a_operand
+
+__all__ = ["Sm90FlexBackward"]
+
+
+def _transposed(tensor):
+    """The first two modes of an smem tensor swapped: a K-major tile read as MN-major."""
+    shape = (tensor.shape[1], tensor.shape[0], *tensor.shape[2:])
+    order = (1, 0, *range(2, cute.rank(tensor)))
+    return cute.composition(tensor, cute.make_ordered_layout(shape, order=order))
+
+
+def _pipeline(bars, stages, tx_bytes):
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=bars, num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * THREADS_PER_WG),
+        tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        enable_multicast_signaling=True)
+
+
+def _tma(tensor, smem_layout, rows, d):
+    atom, gmem = cpasync.make_tiled_tma_atom(
+        cpasync.CopyBulkTensorTileG2SOp(), tensor, cute.slice_(smem_layout, (None, None, 0)),
+        (rows, d))
+    return atom, gmem
+
+
+def _partition(atom, smem, gmem, rows, d):
+    """(smem, gmem) TMA partitions of an (rows, d) tiling."""
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+        cute.group_modes(cute.local_tile(gmem, (rows, d), (None, None, None)), 0, 2))
+
+
+class Sm90FlexBackward:
+    """``Sm90FlexBackward(config)(q, k, v, lse, delta, do, dq, dk, dv, q_num, q_idx,
+    full_q_num, full_q_idx, kv_num, kv_idx, full_kv_num, full_kv_idx, captures,
+    stream)``; see the module docstring."""
+
+    def __init__(self, config: FlexBwdConfig):
+        self.config = config
+        self.head_dim = config.head_dim
+        self.stages = config.stages
+        self.num_threads = 3 * THREADS_PER_WG
+        self.producer_regs = 24
+        self.consumer_regs = 240
+
+    # -------------------------------------------------------------- the hooks
+    @cute.jit
+    def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
+        return score
+
+    @cute.jit
+    def joint_mod(self, score, grad, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
+        return grad
+
+    @cute.jit
+    def mask_mod(self, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
+        return cutlass.Boolean(True)
+
+    # ------------------------------------------------------------- host entry
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mLSE: cute.Tensor,
+                 mDelta: cute.Tensor, mdO: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, q_num: cute.Tensor, q_idx: cute.Tensor,
+                 full_q_num: cute.Tensor, full_q_idx: cute.Tensor, kv_num: cute.Tensor,
+                 kv_idx: cute.Tensor, full_kv_num: cute.Tensor, full_kv_idx: cute.Tensor,
+                 captures, stream):
+        dtype = mQ.element_type
+        if cutlass.const_expr(dtype not in (cutlass.BFloat16, cutlass.Float16)
+                              or mK.element_type != dtype or mV.element_type != dtype
+                              or mdO.element_type != dtype):
+            raise ValueError("Sm90FlexBackward: Q, K, V, dO must be one of bf16/fp16")
+        self.dtype = dtype
+        batch, heads, q_len, d = mQ.shape
+        kv_batch, kv_heads, kv_len, _ = mK.shape
+        if cutlass.const_expr(d != self.head_dim or mV.shape[3] != self.head_dim):
+            raise ValueError(f"Sm90FlexBackward: head dims must be {self.head_dim}")
+        # static sizes (the template compiles per shape)
+        self.q_len, self.kv_len, self.heads, self.kv_heads = q_len, kv_len, heads, kv_heads
+        self.group = heads // kv_heads
+        major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        mma_ss = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_k, major_k,
+                                                   cutlass.Float32, (1, 1, 1), (WG_M, 64))
+        mma_rs = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_k, major_mn,
+                                                   cutlass.Float32, (1, 1, 1), (WG_M, d),
+                                                   warpgroup.OperandSource.RMEM)
+        # 128-row resident tiles as A operands (two 64-row halves), 64-row ring tiles as B
+        resident = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_M, 64, d), dtype, 2)
+        ring = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (WG_M, 64, d), dtype,
+                                             self.stages)
+        self.tile_bytes = cute.size_in_bytes(dtype, cute.slice_(ring, (None, None, 0)))
+        self._define_smem(dtype, resident, ring)
+        q_views = [self._rows_view(t, q_len, heads, batch) for t in (mQ, mdO)]
+        # dK/dV: K and V resident, Q and dO in the ring; Q tiles walked per KV tile
+        self.q_steps_per_block = min(self.config.sparse_q_block // Q_STEP,
+                                     (q_len + Q_STEP - 1) // Q_STEP)
+        kv_views = [self._kv_view(t, kv_len, kv_heads, batch, kv_batch, 1) for t in (mK, mV)]
+        tmas = [x for t in kv_views for x in _tma(t, resident, WG_M, d)]
+        tmas += [x for t in q_views for x in _tma(t, ring, Q_STEP, d)]
+        self.kernel_dkdv(*tmas, mdK, mdV, mLSE, mDelta, q_num, q_idx, full_q_num, full_q_idx,
+                         captures, mma_ss, mma_rs, resident, ring).launch(
+            grid=[(kv_len + KV_TILE - 1) // KV_TILE, kv_heads, batch],
+            block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        # dQ: Q and dO resident, K and V in the ring; KV tiles walked per Q tile
+        self.kv_steps_per_block = min(self.config.sparse_kv_block // KV_STEP,
+                                      (kv_len + KV_STEP - 1) // KV_STEP)
+        kv_views = [self._kv_view(t, kv_len, kv_heads, batch, kv_batch, self.group)
+                    for t in (mK, mV)]
+        tmas = [x for t in q_views for x in _tma(t, resident, WG_M, d)]
+        tmas += [x for t in kv_views for x in _tma(t, ring, KV_STEP, d)]
+        self.kernel_dq(*tmas, mdQ, mLSE, mDelta, kv_num, kv_idx, full_kv_num, full_kv_idx,
+                       captures, mma_ss, mma_rs, resident, ring).launch(
+            grid=[(q_len + Q_TILE - 1) // Q_TILE, heads, batch],
+            block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @staticmethod
+    def _rows_view(t, rows, heads, batch):
+        """(S, D, (H, B)) of a (B, H, S, D) tensor."""
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (rows, t.shape[3], (heads, batch)),
+            stride=(t.stride[2], 1, (t.stride[1], t.stride[0]))))
+
+    @staticmethod
+    def _kv_view(t, rows, kv_heads, batch, kv_batch, group):
+        """(S, D, ((G, H_kv), B)) of a (B_kv, H_kv, S, D) tensor: G Q heads per KV head
+        (0 stride), a KV batch of 1 broadcast to B."""
+        b_stride = 0 if kv_batch == 1 else t.stride[0]
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (rows, t.shape[3], ((group, kv_heads), batch)),
+            stride=(t.stride[2], 1, ((0, t.stride[1]), b_stride))))
+
+    def _define_smem(self, dtype, resident, ring):
+        stages = self.stages
+
+        @cute.struct
+        class BwdSmem:
+            resident_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            ring_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sA0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(resident)], 1024]
+            sA1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(resident)], 1024]
+            sB0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ring)], 1024]
+            sB1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ring)], 1024]
+
+        self.smem_struct = BwdSmem
+
+    def _smem(self, resident, ring):
+        """(resident pipeline, ring pipeline, the two resident and two ring tensors)."""
+        smem = SmemAllocator().allocate(self.smem_struct)
+        return (_pipeline(smem.resident_bars.data_ptr(), 1, 4 * self.tile_bytes),
+                _pipeline(smem.ring_bars.data_ptr(), self.stages, 2 * self.tile_bytes),
+                smem.sA0.get_tensor(resident.outer, swizzle=resident.inner),
+                smem.sA1.get_tensor(resident.outer, swizzle=resident.inner),
+                smem.sB0.get_tensor(ring.outer, swizzle=ring.inner),
+                smem.sB1.get_tensor(ring.outer, swizzle=ring.inner))
+
+    # ------------------------------------------------------- BlockMask walk
+    @cute.jit
+    def block_list(self, sparse, tile, rows, sparse_block, h_idx, b_idx):
+        """(sparse batch, sparse head, sparse block, partial count, full count, lists) of
+        the block holding row ``tile * rows`` of the CTA's dimension."""
+        num, idx, full_num, full_idx = sparse
+        sb = b_idx % num.shape[0]
+        sh = h_idx % num.shape[1]
+        blk = (tile * rows) // sparse_block
+        partial = cutlass.Int32(num[sb, sh, blk])
+        full = cutlass.Int32(0)
+        if cutlass.const_expr(self.config.has_full_blocks):
+            full = cutlass.Int32(full_num[sb, sh, blk])
+        return sb, sh, blk, partial, full, idx, full_idx
+
+    @cute.jit
+    def tile_of(self, blocks, t, per_block, steps):
+        """The tile index of step ``t`` of a walk, and whether its block is partial."""
+        sb, sh, blk, partial, full, idx, full_idx = blocks
+        j = t // steps
+        sub = t - j * steps
+        block = cutlass.Int32(0)
+        is_partial = j < partial
+        if is_partial:
+            block = cutlass.Int32(idx[sb, sh, blk, j])
+        else:
+            if cutlass.const_expr(self.config.has_full_blocks):
+                block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
+        return block * per_block + sub, is_partial
+
+    # ------------------------------------------------------------- producers
+    @cute.jit
+    def load_resident(self, pipe, tma_a, g_a, tma_b, g_b, s_a, s_b, tile, l_idx):
+        """Both 128-row resident tiles (two 64-row halves each) into the one stage."""
+        d = self.head_dim
+        pa_s, pa_g = _partition(tma_a, s_a, g_a, WG_M, d)
+        pb_s, pb_g = _partition(tma_b, s_b, g_b, WG_M, d)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        for half in cutlass.range_constexpr(2):
+            cute.copy(tma_a, pa_g[(None, 2 * tile + half, 0, l_idx)], pa_s[(None, half)],
+                      tma_bar_ptr=bar)
+            cute.copy(tma_b, pb_g[(None, 2 * tile + half, 0, l_idx)], pb_s[(None, half)],
+                      tma_bar_ptr=bar)
+        pipe.producer_commit(state)
+
+    @cute.jit
+    def load_ring(self, pipe, state, parts, row_tile, l_idx):
+        """One stage of the ring: the two 64-row tiles at ``row_tile``."""
+        tma_a, pa_s, pa_g, tma_b, pb_s, pb_g = parts
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        cute.copy(tma_a, pa_g[(None, row_tile, 0, l_idx)], pa_s[(None, state.index)],
+                  tma_bar_ptr=bar)
+        cute.copy(tma_b, pb_g[(None, row_tile, 0, l_idx)], pb_s[(None, state.index)],
+                  tma_bar_ptr=bar)
+        pipe.producer_commit(state)
+
+    def ring_parts(self, tma_a, s_a, g_a, tma_b, s_b, g_b):
+        d = self.head_dim
+        pa_s, pa_g = _partition(tma_a, s_a, g_a, 64, d)
+        pb_s, pb_g = _partition(tma_b, s_b, g_b, 64, d)
+        return tma_a, pa_s, pa_g, tma_b, pb_s, pb_g
+
+    # ---------------------------------------------------------- elementwise
+    @cute.jit
+    def keep_scores(self, acc_s, rP, cS, lse, transposed, is_partial, q_base, kv_base,
+                    b_idx, h_idx, captures):
+        """acc_s <- the scaled score where kept (in bounds, mask_mod True in partial
+        blocks), -inf elsewhere; rP (where given) <- P in the input dtype."""
+        scale = self.config.sm_scale
+        neg_inf = -cutlass.Float32.inf
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
+            in_bounds = (q_idx < self.q_len) & (kv_idx < self.kv_len)
+            pre = acc_s[i] * scale
+            keep = in_bounds
+            if is_partial:
+                keep = keep & self.mask_mod(b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
+            if cutlass.const_expr(rP is not None):
+                post = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
+                arg = cutlass.select_(keep, post * LOG2E, neg_inf) - lse[self._stat(i, transposed)]
+                rP[i] = cute.math.exp2(arg, fastmath=True).to(self.dtype)
+            acc_s[i] = cutlass.select_(keep, pre, neg_inf)
+
+    @cute.jit
+    def score_grads(self, acc_s, acc_dp, cS, lse, delta, transposed, q_base, kv_base, b_idx,
+                    h_idx, captures):
+        """acc_dp <- dS = joint(P * (dP - delta)) where kept (acc_s > -inf), else 0."""
+        neg_inf = -cutlass.Float32.inf
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
+            in_bounds = (q_idx < self.q_len) & (kv_idx < self.kv_len)
+            pre = acc_s[i]
+            keep = pre > neg_inf
+            post = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
+            k = self._stat(i, transposed)
+            p = cute.math.exp2(cutlass.select_(keep, post * LOG2E, neg_inf) - lse[k],
+                               fastmath=True)
+            grad = self.joint_mod(pre, p * (acc_dp[i] - delta[k]), b_idx, h_idx, q_idx, kv_idx,
+                                  in_bounds, captures)
+            acc_dp[i] = cutlass.select_(keep, grad, cutlass.Float32(0.0))
+
+    @staticmethod
+    def _coords(crd, transposed, q_base, kv_base):
+        """(q_idx, kv_idx) of an accumulator coordinate: rows are KV where ``transposed``."""
+        q_crd, kv_crd = (crd[1], crd[0]) if transposed else (crd[0], crd[1])
+        return cutlass.Int32(q_base + q_crd), cutlass.Int32(kv_base + kv_crd)
+
+    @staticmethod
+    def _stat(i, transposed):
+        """The index, into a thread's per-query LSE/delta, of accumulator value ``i``
+        (value layout stride (1, 2, 4): the column pair, the row 8 below, the 8-column
+        block): a column's where the queries are columns, else a row's."""
+        return (i % 2) + 2 * (i // 4) if transposed else (i // 2) % 2
+
+    @cute.jit
+    def load_stats(self, mLSE, mDelta, cS, transposed, q_base, b_idx, h_idx, lse, delta):
+        """This thread's queries' LSE (-inf read as 0) and delta; 0 past Q_LEN."""
+        for k in cutlass.range_constexpr(cute.size(lse)):
+            i = (k % 2) + 4 * (k // 2) if transposed else 2 * k
+            q_idx, _ = self._coords(cS[i], transposed, q_base, 0)
+            value = cutlass.Float32(0.0)
+            change = cutlass.Float32(0.0)
+            if q_idx < self.q_len:
+                value = cutlass.Float32(mLSE[b_idx, h_idx, q_idx])
+                change = cutlass.Float32(mDelta[b_idx, h_idx, q_idx])
+            lse[k] = cutlass.select_(value == -cutlass.Float32.inf, cutlass.Float32(0.0), value)
+            delta[k] = change
+
+    @cute.jit
+    def store_rows(self, acc, coords, out, row_base, rows, b_idx, h_idx, scale):
+        """acc * scale (input dtype) into out[b, h, row, :] for rows below ``rows``;
+        ``coords``: the accumulator's (row, column)s, partitioned before the mainloop (its
+        MMA's accumulate field is rebound inside)."""
+        if cutlass.const_expr(acc.layout.stride[0] != (1, 2, 4)):
+            raise ValueError(f"Sm90FlexBackward: accumulator layout {acc.layout}")
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            crd = coords[i]
+            row = row_base + crd[0]
+            if row < rows:
+                out[b_idx, h_idx, row, crd[1]] = (acc[i] * scale).to(self.dtype)
+
+    @cute.jit
+    def gemm_ss(self, mma, acc, frag_a, a_index, frag_b, b_index):
+        """acc = A B (smem operands), issued, not waited for."""
+        for kb in cutlass.range_constexpr(cute.size(frag_a, mode=[2])):
+            mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(mma, acc, frag_a[(None, None, kb, a_index)],
+                      frag_b[(None, None, kb, b_index)], acc)
+
+    @cute.jit
+    def gemm_rs(self, mma, acc, values, frag_b, b_index):
+        """acc += A B, A the 64 x 64 registers ``values`` (input dtype); issued."""
+        frag_a = cute.make_tensor(values.iterator, _as_a_operand(values.layout, 64))
+        mma.set(warpgroup.Field.ACCUMULATE, True)
+        for kb in cutlass.range_constexpr(64 // 16):
+            cute.gemm(mma, acc, frag_a[(None, None, kb)], frag_b[(None, None, kb, b_index)], acc)
+
+    # ---------------------------------------------------------- dK/dV kernel
+    @cute.kernel
+    def kernel_dkdv(self, tma_k: cute.CopyAtom, g_k: cute.Tensor, tma_v: cute.CopyAtom,
+                    g_v: cute.Tensor, tma_q: cute.CopyAtom, g_q: cute.Tensor,
+                    tma_do: cute.CopyAtom, g_do: cute.Tensor, mdK: cute.Tensor,
+                    mdV: cute.Tensor, mLSE: cute.Tensor, mDelta: cute.Tensor,
+                    q_num: cute.Tensor, q_idx: cute.Tensor, full_q_num: cute.Tensor,
+                    full_q_idx: cute.Tensor, captures, mma_ss: cute.TiledMma,
+                    mma_rs: cute.TiledMma, resident: cute.ComposedLayout,
+                    ring: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        n_tile, hkv, b_idx = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            for atom in (tma_k, tma_v, tma_q, tma_do):
+                cpasync.prefetch_descriptor(atom)
+        kv_pipe, q_pipe, sK, sV, sQ, sdO = self._smem(resident, ring)
+        sparse = (q_num, q_idx, full_q_num, full_q_idx)
+        if warp // 4 == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp == 0:
+                self.load_resident(kv_pipe, tma_k, g_k, tma_v, g_v, sK, sV, n_tile,
+                                   hkv + self.kv_heads * b_idx)
+                parts = self.ring_parts(tma_q, sQ, g_q, tma_do, sdO, g_do)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.stages)
+                for g in cutlass.range(self.group, unroll=1):
+                    h_idx = hkv * self.group + g
+                    blocks = self.block_list(sparse, n_tile, KV_TILE,
+                                             self.config.sparse_kv_block, h_idx, b_idx)
+                    for t in cutlass.range((blocks[3] + blocks[4]) * self.q_steps_per_block,
+                                           unroll=1):
+                        m_tile, _ = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
+                                                 self.q_steps_per_block)
+                        self.load_ring(q_pipe, state, parts, m_tile, h_idx + self.heads * b_idx)
+                        state.advance()
+                q_pipe.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer_dkdv(kv_pipe, q_pipe, (sK, sV, sQ, sdO), mma_ss, mma_rs, tidx,
+                               n_tile, hkv, b_idx, mdK, mdV, mLSE, mDelta, sparse, captures)
+
+    @cute.jit
+    def consumer_dkdv(self, kv_pipe, q_pipe, tiles, mma_ss, mma_rs, tidx, n_tile, hkv, b_idx,
+                      mdK, mdV, mLSE, mDelta, sparse, captures):
+        sK, sV, sQ, sdO = tiles
+        wg = tidx // THREADS_PER_WG
+        ss_thr = mma_ss.get_slice(tidx % THREADS_PER_WG)
+        rs_thr = mma_rs.get_slice(tidx % THREADS_PER_WG)
+        frags = (mma_ss.make_fragment_A(ss_thr.partition_A(sK)),
+                 mma_ss.make_fragment_A(ss_thr.partition_A(sV)),
+                 mma_ss.make_fragment_B(ss_thr.partition_B(sQ)),
+                 mma_ss.make_fragment_B(ss_thr.partition_B(sdO)),
+                 mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sQ))),
+                 mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sdO))))
+        acc_dk = cute.make_rmem_tensor(rs_thr.partition_shape_C((WG_M, self.head_dim)),
+                                       cutlass.Float32)
+        acc_dv = cute.make_rmem_tensor(acc_dk.layout, cutlass.Float32)
+        acc_dk.fill(0.0)
+        acc_dv.fill(0.0)
+        coords = rs_thr.partition_C(cute.make_identity_tensor((WG_M, self.head_dim)))
+        kv_base = n_tile * KV_TILE + (wg - 1) * WG_M
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_pipe.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for g in cutlass.range(self.group, unroll=1):
+            h_idx = hkv * self.group + g
+            blocks = self.block_list(sparse, n_tile, KV_TILE, self.config.sparse_kv_block,
+                                     h_idx, b_idx)
+            for t in cutlass.range((blocks[3] + blocks[4]) * self.q_steps_per_block, unroll=1):
+                m_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
+                                                  self.q_steps_per_block)
+                q_pipe.consumer_wait(state)
+                self.dkdv_step(frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, state.index, wg,
+                               is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, mLSE, mDelta,
+                               captures)
+                q_pipe.consumer_release(state)
+                state.advance()
+        self.store_rows(acc_dk, coords, mdK, kv_base, self.kv_len, b_idx, hkv,
+                        self.config.sm_scale)
+        self.store_rows(acc_dv, coords, mdV, kv_base, self.kv_len, b_idx, hkv, 1.0)
+
+    @cute.jit
+    def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
+                  q_base, kv_base, b_idx, h_idx, mLSE, mDelta, captures):
+        """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q."""
+        tSrK, tSrV, tSrQ, tSrdO, tKrQt, tVrdOt = frags
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WG_M, Q_STEP)), cutlass.Float32)
+        acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
+        cS = ss_thr.partition_C(cute.make_identity_tensor((WG_M, Q_STEP)))
+        lse = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
+        delta = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
+        self.load_stats(mLSE, mDelta, cS, True, q_base, b_idx, h_idx, lse, delta)
+        warpgroup.fence()
+        self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
+        self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx, h_idx,
+                         captures)
+        self.score_grads(acc_s, acc_dp, cS, lse, delta, True, q_base, kv_base, b_idx, h_idx,
+                         captures)
+        rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
+        rdS.store(acc_dp.load().to(self.dtype))
+        warpgroup.fence()
+        self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
+        self.gemm_rs(mma_rs, acc_dk, rdS, tKrQt, stage)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    # -------------------------------------------------------------- dQ kernel
+    @cute.kernel
+    def kernel_dq(self, tma_q: cute.CopyAtom, g_q: cute.Tensor, tma_do: cute.CopyAtom,
+                  g_do: cute.Tensor, tma_k: cute.CopyAtom, g_k: cute.Tensor,
+                  tma_v: cute.CopyAtom, g_v: cute.Tensor, mdQ: cute.Tensor,
+                  mLSE: cute.Tensor, mDelta: cute.Tensor, kv_num: cute.Tensor,
+                  kv_idx: cute.Tensor, full_kv_num: cute.Tensor, full_kv_idx: cute.Tensor,
+                  captures, mma_ss: cute.TiledMma, mma_rs: cute.TiledMma,
+                  resident: cute.ComposedLayout, ring: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_tile, h_idx, b_idx = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+        q_pipe, kv_pipe, sQ, sdO, sK, sV = self._smem(resident, ring)
+        blocks = self.block_list((kv_num, kv_idx, full_kv_num, full_kv_idx), m_tile, Q_TILE,
+                                 self.config.sparse_q_block, h_idx, b_idx)
+        l_idx = h_idx + self.heads * b_idx
+        if warp // 4 == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp == 0:
+                self.load_resident(q_pipe, tma_q, g_q, tma_do, g_do, sQ, sdO, m_tile, l_idx)
+                parts = self.ring_parts(tma_k, sK, g_k, tma_v, sV, g_v)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.stages)
+                for t in cutlass.range((blocks[3] + blocks[4]) * self.kv_steps_per_block,
+                                       unroll=1):
+                    n_tile, _ = self.tile_of(blocks, t, self.config.sparse_kv_block // KV_STEP,
+                                             self.kv_steps_per_block)
+                    self.load_ring(kv_pipe, state, parts, n_tile, l_idx)
+                    state.advance()
+                kv_pipe.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer_dq(q_pipe, kv_pipe, (sQ, sdO, sK, sV), mma_ss, mma_rs, tidx, m_tile,
+                             h_idx, b_idx, blocks, mdQ, mLSE, mDelta, captures)
+
+    @cute.jit
+    def consumer_dq(self, q_pipe, kv_pipe, tiles, mma_ss, mma_rs, tidx, m_tile, h_idx, b_idx,
+                    blocks, mdQ, mLSE, mDelta, captures):
+        sQ, sdO, sK, sV = tiles
+        wg = tidx // THREADS_PER_WG
+        ss_thr = mma_ss.get_slice(tidx % THREADS_PER_WG)
+        rs_thr = mma_rs.get_slice(tidx % THREADS_PER_WG)
+        tSrQ = mma_ss.make_fragment_A(ss_thr.partition_A(sQ))
+        tSrdO = mma_ss.make_fragment_A(ss_thr.partition_A(sdO))
+        tSrK = mma_ss.make_fragment_B(ss_thr.partition_B(sK))
+        tSrV = mma_ss.make_fragment_B(ss_thr.partition_B(sV))
+        tQrKt = mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sK)))
+        acc_dq = cute.make_rmem_tensor(rs_thr.partition_shape_C((WG_M, self.head_dim)),
+                                       cutlass.Float32)
+        acc_dq.fill(0.0)
+        coords = rs_thr.partition_C(cute.make_identity_tensor((WG_M, self.head_dim)))
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WG_M, KV_STEP)), cutlass.Float32)
+        acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
+        cS = ss_thr.partition_C(cute.make_identity_tensor((WG_M, KV_STEP)))
+        q_base = m_tile * Q_TILE + (wg - 1) * WG_M
+        lse = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        delta = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        self.load_stats(mLSE, mDelta, cS, False, q_base, b_idx, h_idx, lse, delta)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_pipe.consumer_wait(q_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for t in cutlass.range((blocks[3] + blocks[4]) * self.kv_steps_per_block, unroll=1):
+            n_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_kv_block // KV_STEP,
+                                              self.kv_steps_per_block)
+            kv_pipe.consumer_wait(state)
+            warpgroup.fence()
+            self.gemm_ss(mma_ss, acc_s, tSrQ, wg - 1, tSrK, state.index)
+            self.gemm_ss(mma_ss, acc_dp, tSrdO, wg - 1, tSrV, state.index)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_base = n_tile * KV_STEP
+            self.keep_scores(acc_s, None, cS, lse, False, is_partial, q_base, kv_base, b_idx,
+                             h_idx, captures)
+            self.score_grads(acc_s, acc_dp, cS, lse, delta, False, q_base, kv_base, b_idx,
+                             h_idx, captures)
+            rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
+            rdS.store(acc_dp.load().to(self.dtype))
+            warpgroup.fence()
+            self.gemm_rs(mma_rs, acc_dq, rdS, tQrKt, state.index)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipe.consumer_release(state)
+            state.advance()
+        self.store_rows(acc_dq, coords, mdQ, q_base, self.q_len, b_idx, h_idx,
+                        self.config.sm_scale)

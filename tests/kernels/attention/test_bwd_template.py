@@ -1,0 +1,136 @@
+"""The FlexAttention backward template's choices compile GPU-less for sm_90a: bf16/fp16 x
+head dims 64/128 x {no mods, causal, ALiBi with captured slopes, soft-capping, document
+mask}, GQA and a broadcast KV batch, on flex's real subgraphs (the score_mod, its joint
+graph and the mask_mod, traced by AOT autograd's backward, lowered by Inductor's
+``build_subgraph_buffer``); what the kernels cannot take is refused with the reason."""
+
+import functools
+
+import pytest
+import torch
+
+from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
+from tests.helpers import make_input, make_layout
+from tests.template.test_subgraph import (
+    SCORE_PLACEHOLDERS,
+    alibi,
+    causal,
+    document,
+    lowered_subgraph,
+    soft_cap,
+    traced,
+)
+
+B, H, S = 2, 4, 200  # S: not a multiple of the tiles
+OPTIONS = dict(SPARSE_Q_BLOCK_SIZE=128, SPARSE_KV_BLOCK_SIZE=128, HAS_FULL_BLOCKS=True,
+               SM_SCALE=0.125)
+MODS = {"none": (None, None), "causal": (None, causal), "alibi": (alibi, None),
+        "soft_cap": (soft_cap, causal), "document": (None, document)}
+
+
+@functools.lru_cache(maxsize=None)
+def traced_backward(score_mod=None, mask_mod=None, dtype=torch.bfloat16):
+    """(score subgraph, its joint graph, mask subgraph, score captures, mask captures):
+    the forward HOP's subgraphs as ``tests/template/test_subgraph.py`` traces them, the
+    joint graph from them as flex's autograd makes it (``create_fw_bw_graph``; flex has
+    no CPU backward to trace)."""
+    from torch._higher_order_ops.flex_attention import create_fw_bw_graph
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    score_gm, mask_gm, score_caps, mask_caps = traced(score_mod, mask_mod)
+    index_values = (torch.zeros((), dtype=dtype, requires_grad=True),
+                    *(torch.zeros((), dtype=torch.int32) for _ in range(4)))
+    caps = tuple(torch.empty_strided(c.shape, c.stride(), dtype=c.dtype) for c in score_caps)
+    _, joint_gm = create_fw_bw_graph(score_gm, index_values, caps)
+    # decomposed as Inductor decomposes the backward graph that holds it
+    args = [t.detach() for t in index_values] + [torch.zeros((), dtype=dtype), *caps]
+    joint_gm = make_fx(joint_gm, decomposition_table=select_decomp_table())(*args)
+    return score_gm, joint_gm, mask_gm, score_caps, mask_caps
+
+
+def bwd_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_heads=H,
+               kv_batch=B):
+    """The backward lowering's autotuning inputs, grad_key's layout and the subgraphs."""
+    fw_gm, joint_gm, mask_gm, score_caps, mask_caps = traced_backward(*mods, dtype)
+    q = make_input(graph, "q", (B, H, S, head_dim), dtype)
+    k = make_input(graph, "k", (kv_batch, kv_heads, S, head_dim), dtype)
+    v = make_input(graph, "v", (kv_batch, kv_heads, S, head_dim), dtype)
+    lse, delta = make_input(graph, "lse", (B, H, S)), make_input(graph, "delta", (B, H, S))
+    grad_out = make_input(graph, "grad_out", (B, H, S, head_dim), dtype)
+    grad_query = make_input(graph, "grad_query", (B, H, S, head_dim), dtype)
+    grad_value = make_input(graph, "grad_value", (B, kv_heads, S, head_dim), dtype)
+    blocks = (S + 127) // 128
+    sparse = []
+    for prefix in ("kv", "q", "full_kv", "full_q"):
+        sparse += [make_input(graph, f"{prefix}_num", (B, H, blocks), torch.int32),
+                   make_input(graph, f"{prefix}_idx", (B, H, blocks, blocks), torch.int32)]
+    score_ph = [("score", dtype), *SCORE_PLACEHOLDERS[1:]]
+    score, score_inputs = lowered_subgraph(graph, fw_gm, score_ph, score_caps, "score_cap")
+    joint, _ = lowered_subgraph(graph, joint_gm, [*score_ph, ("grad_score_mod", dtype)],
+                                score_caps, "score_cap")
+    mask, mask_inputs = lowered_subgraph(graph, mask_gm, SCORE_PLACEHOLDERS[1:], mask_caps,
+                                         "mask_cap")
+    nodes = [q, k, v, lse, delta, grad_out, grad_query, grad_value, *sparse, *score_inputs,
+             *mask_inputs]
+    joint_body = joint.body[0] if isinstance(joint.body, list) else joint.body
+    return (nodes, make_layout((B, kv_heads, S, head_dim), dtype),
+            [score.body, joint_body, mask.body, []])
+
+
+@pytest.mark.parametrize("mods", list(MODS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_kernels_compile(graph, dtype, head_dim, mods):
+    nodes, layout, subgraphs = bwd_inputs(graph, dtype, head_dim, MODS[mods])
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert len(choices) >= 1
+    compiled = compiler.stats["compiled"]
+    choices[0].load()  # sm_90a, TVM-FFI
+    assert compiler.stats["compiled"] == compiled + 1
+    kernel = choices[0].source.split("@cute.jit\ndef cutedsl_sm90_flex_attention_bwd")[0]
+    if mods in ("alibi", "document"):
+        assert "captures[0][" in kernel
+    if mods == "soft_cap":
+        assert "tanh" in kernel
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kv_batch", [B, 1])
+def test_gqa_compiles(graph, head_dim, kv_batch):
+    nodes, layout, subgraphs = bwd_inputs(graph, head_dim=head_dim, kv_heads=2,
+                                          kv_batch=kv_batch, mods=MODS["causal"])
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    choices[0].load()
+
+
+def test_one_huge_block_without_full_blocks_compiles(graph):
+    """flex's "no mask" BlockMask: one block of 2**30, no full blocks (their tensors one
+    unused element each, as ``inductor/flex.py`` makes them)."""
+    nodes, layout, subgraphs = bwd_inputs(graph)
+    for i in (12, 13, 14, 15):
+        nodes[i] = make_input(graph, f"no_full_{i}", (1,))
+    options = {**OPTIONS, "SPARSE_Q_BLOCK_SIZE": 1 << 30, "SPARSE_KV_BLOCK_SIZE": 1 << 30,
+               "HAS_FULL_BLOCKS": False}
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, options) is None
+    choices[0].load()
+
+
+@pytest.mark.parametrize("kwargs, options, subgraphs, reason", [
+    (dict(head_dim=32), {}, None, "head dims q/k 32/32, v 32"),
+    (dict(dtype=torch.float32), {}, None, "dtype torch.float32"),
+    (dict(kv_heads=3), {}, None, "q heads 4 / kv heads 3"),
+    ({}, dict(SPARSE_KV_BLOCK_SIZE=64), None, "both must be multiples of 128"),
+    ({}, {}, "captured grads", "captured tensors need gradients"),
+])
+def test_refusals_say_why(graph, kwargs, options, subgraphs, reason):
+    nodes, layout, graphs = bwd_inputs(graph, **kwargs)
+    if subgraphs:
+        graphs[3] = [graphs[0]]  # a scatter into a captured tensor's gradient
+    choices = []
+    assert reason in flex_bwd_choices(choices, nodes, layout, graphs, {**OPTIONS, **options})
+    assert choices == []
