@@ -67,6 +67,7 @@ from .args import (
     output_folder,
     parse_count,
     parse_rounds,
+    parse_shard,
     parse_triples,
     positive,
 )
@@ -209,7 +210,8 @@ def _kernel(name: str, codes: list[str], direction: str) -> str:
     if len(codes) < (2 if direction == "bwd" else 1):
         raise RuntimeError(f"torch.compile made {len(codes)} graph(s) of output code")
     if name == "ours" and OURS not in codes[0]:
-        raise RuntimeError(f"{OURS} is not in the forward's output code")
+        raise RuntimeError(f"{OURS} is not in the forward's output code (this flex lowering "
+                           "does not reach the Triton template)")
     code = codes[0] if direction == "fwd" else codes[-1]
     if re.search(r"^cutedsl_\w*flex\w* = load_kernel\(", code, re.M):
         return "cutedsl"
@@ -254,6 +256,11 @@ def _check(result: list[torch.Tensor], reference: list[torch.Tensor] | None
     return diff, finite and diff <= 8 * torch.finfo(result[0].dtype).eps * scale
 
 
+def _row(case: Case, direction: str, name: str, kept: float, error: str) -> dict[str, Any]:
+    return {**dataclasses.asdict(case), "direction": direction, "variant": name,
+            "density": kept, "error": error, "ok": False}
+
+
 def measure(case: Case, direction: str, names: list[str], attends: dict[str, Callable],
             inputs: list[torch.Tensor], kept: float, steps: int, warmup: int, rounds: int
             ) -> list[dict[str, Any]]:
@@ -279,8 +286,7 @@ def measure(case: Case, direction: str, names: list[str], attends: dict[str, Cal
     rates = tflops_and_ratios(times, flops(case, kept, direction), refs)
     rows = []
     for name in names:
-        row = {**dataclasses.asdict(case), "direction": direction, "variant": name,
-               "density": kept, "error": errors.get(name, ""), "ok": False}
+        row = _row(case, direction, name, kept, errors.get(name, ""))
         if name in times:
             diff, ok = _check(results[name], results.get("triton"))
             row.update(kernel=kernels[name], ms=statistics.median(times[name]),
@@ -298,11 +304,9 @@ def setup(device: str) -> dict[str, str]:
                 cute_dsl=versions.toolchain_versions()["nvidia-cutlass-dsl"])
 
 
-def measure_case(case: Case, args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
-    """Every direction and variant of ``case`` (fresh Dynamo caches; freed at the end)."""
+def _case_rows(case: Case, args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
     from torch.nn.attention.flex_attention import create_block_mask
 
-    torch._dynamo.reset()
     torch.manual_seed(0)
     shape = (case.batch, case.heads, case.seq, case.head_dim)
     inputs = [torch.randn(shape, device=device, dtype=DTYPES[case.dtype]) for _ in range(4)]
@@ -311,10 +315,21 @@ def measure_case(case: Case, args: argparse.Namespace, device: str) -> list[dict
     block_mask = create_block_mask(mask_mod, None, None, case.seq, case.seq, device=device)
     names = variants_of(case, args.variants)
     attends = {name: attention(name, score_mod, block_mask) for name in names}
-    rows = [row for direction in args.directions
+    return [row for direction in args.directions
             for row in measure(case, direction, names, attends, inputs, kept, args.steps,
                                args.warmup, args.rounds)]
-    del inputs, attends, block_mask
+
+
+def measure_case(case: Case, args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
+    """Every direction and variant of ``case``, from fresh Dynamo caches, its memory freed
+    at the end; where the case cannot be set up (out of memory, say), a failed row per
+    direction and variant."""
+    torch._dynamo.reset()
+    try:
+        rows = _case_rows(case, args, device)
+    except Exception as err:  # the case's rows say why; the next case goes on
+        rows = [_row(case, direction, name, math.nan, reason(err))
+                for direction in args.directions for name in variants_of(case, args.variants)]
     torch._dynamo.reset()
     gc.collect()
     if device == "cuda":
@@ -325,8 +340,9 @@ def measure_case(case: Case, args: argparse.Namespace, device: str) -> list[dict
 def cases_of(args: argparse.Namespace) -> list[Case]:
     shapes = args.shapes or (QUICK[0] if args.quick else SHAPES)
     head_dims = args.head_dims or (QUICK[1] if args.quick else HEAD_DIMS)
+    index, count = args.shard
     return [Case(b, h, s, d, mask, dtype) for b, h, s in shapes for d in head_dims
-            for mask in args.masks for dtype in args.dtypes]
+            for mask in args.masks for dtype in args.dtypes][index - 1::count]
 
 
 def run(args: argparse.Namespace, device: str = "cuda") -> list[dict[str, Any]]:
@@ -376,6 +392,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=parse_count, default=3, help="untimed calls per round")
     p.add_argument("--rounds", type=parse_rounds, default=3,
                    help="interleaved rounds per case (their median counts)")
+    p.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
+                   help="run every N-th case starting at the K-th (one run per GPU)")
     p.add_argument("--out", type=output_folder, default=Path("bench-out"),
                    help="folder for attention_bench.csv and attention_bench.png")
     p.add_argument("--merge", type=_csv_rows, nargs="+", metavar="DIR|CSV",

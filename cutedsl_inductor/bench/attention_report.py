@@ -13,6 +13,7 @@ forward and backward; one x position per case, titled with the GPU and versions.
 
 from __future__ import annotations
 
+import collections
 import csv
 import math
 from pathlib import Path
@@ -66,6 +67,12 @@ def summary(rows: list[dict[str, Any]]) -> str:
                          f"{geomean([r[f'vs_{ref}'] for r in mine]):.3f} over {len(mine)} "
                          f"cases, >= {want} on {met}; worst {worst[f'vs_{ref}']:.3f} at "
                          f"{case_name(worst)} {worst['dtype']}")
+    backward = collections.Counter(r["kernel"] for r in rows if r["direction"] == "bwd"
+                                   and r["variant"] == "ours" and not r["error"])
+    if backward:
+        lines.append("ours' backward ran on " + ", ".join(
+            f"{kernel} ({count} cases)" for kernel, count in backward.items())
+            + ("" if "cutedsl" in backward else ": no CuteDSL backward was offered"))
     failed = [r for r in rows if r["error"] or not r["ok"]]
     lines.append(f"{len(failed)} of {len(rows)} rows failed or differ from triton's"
                  + "".join(f"\n  {line(r)}" for r in failed))
