@@ -1,47 +1,39 @@
 """``python -m cutedsl_inductor bench attention``: FlexAttention forward and backward,
 ours against Inductor's Triton flex kernel and, on plain causal, SDPA, in one run.
 
-Cases: batch x heads x sequence (``--shapes``; default 8x16x2048, 4x32x8192,
-1x32x32768; Q_LEN = KV_LEN, as many KV heads as Q heads) x head dim (64, 128) x mask x
-dtype (bf16; fp16). Masks: ``causal``; ``sliding`` (causal, the last ``WINDOW`` = 1024
-keys); ``document`` (causal within documents: the sequence cut at seq / 1024 - 1 random
-places, seed 0, the same for every batch and head); ``alibi`` (causal, and a score_mod
-adding ``2^(-8 (h+1) / H) * (kv - q)``). BlockMasks of flex's default 128 x 128 blocks.
+Cases: B x H x S (Q_LEN = KV_LEN, KV heads = Q heads) x head dim x mask x dtype. Masks:
+``causal``; ``sliding`` (causal, the last ``WINDOW`` = 1024 keys); ``document`` (causal
+within documents: the sequence cut at S / 1024 - 1 random places, seed 0, alike for every
+batch and head); ``alibi`` (causal, score + 2^(-8 (h+1) / H) (kv - q)). BlockMasks of
+flex's default 128 x 128 blocks.
 
-Variants (``--variants``): ``ours``, torch.compile(flex_attention) with
-``kernel_options={"CUTEDSL": True, "BACKEND": "TRITON"}`` under ``config.flex_only_ours``
-(our forward alone, the best of our configs); its backward is whatever flex's backward
-lowering builds -- Inductor's Triton kernel until ours exists, and ours when it is
-offered, with nothing here to change: the ``kernel`` column says which kernel of the
-output code ran the timed pass. ``triton``: the same without CUTEDSL (Inductor's Triton
-flex kernel, its default config); ``triton-tuned`` (not run by default): under
-``mode="max-autotune-no-cudagraphs"``, all of flex's configs timed. ``sdpa-flash``,
-``sdpa-cudnn``: ``F.scaled_dot_product_attention(is_causal=True)`` (eager) under that
-SDPA backend, plain causal only.
+Variants: ``ours`` is torch.compile(flex_attention) with ``kernel_options={"CUTEDSL":
+True, "BACKEND": "TRITON"}`` under ``config.flex_only_ours`` (our forward alone); its
+backward is whatever flex's backward lowering builds (Inductor's Triton kernel until
+ours is offered there, then ours, nothing here to change): the ``kernel`` column names
+the output code's kernel for the timed pass. ``triton``: the same without CUTEDSL;
+``triton-tuned``: under max-autotune (not by default); ``sdpa-flash``/``sdpa-cudnn``:
+eager ``scaled_dot_product_attention(is_causal=True)`` on that backend, causal only.
+Each first call compiles afresh (no FX graph or AOT autograd cache: the output code read
+is the code compiled; our CuTe kernels may load from the kernel cache) with AOT autograd's
+donated buffers off, so that ``bwd`` can time the backward alone,
+``autograd.grad(out, (q, k, v), dout, retain_graph=True)``; ``fwd`` is one call under
+no_grad. Timing: ``--rounds`` interleaved rounds of each variant (``--warmup`` calls, then
+the median of ``--steps`` CUDA-event-timed ones); the median round counts, ours' ratios
+keep their range over the rounds. FLOPs: 4 B H S^2 D times the mask's density, the
+fraction of (q, kv) pairs kept, counted exactly element by element (``density``; the work
+a kernel spends on dropped pairs of partial blocks is not counted); backward 2.5 times
+that (FlashAttention's convention: five matmuls to the forward's two).
 
-Measured: ``fwd``, out = attention(q, k, v) under no_grad; ``bwd``, the backward alone,
-``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one forward (AOT
-autograd's donated buffers off while compiling, so its graph can be retained). The case's
-variants are timed in ``--rounds`` interleaved rounds (each round ``--warmup`` calls,
-then the median of ``--steps`` CUDA-event-timed ones, ``timing.median_call_ms``); the
-median round counts and ours' ratios keep their range over the rounds
-(``timing.tflops_and_ratios``). FLOPs: 4 B H S^2 D times the mask's density, the
-fraction of (q, kv) pairs it keeps, counted exactly at the element level (``density``:
-mask_mod evaluated on the whole S x S grid, in row chunks; the work a kernel spends on
-the dropped pairs of partial blocks is not counted); backward 2.5 times the forward's
-(FlashAttention's convention: five matmuls to the forward's two).
-
-Checked: each variant's result (fwd: out; bwd: dq, dk, dv) against ``triton``'s, the
-largest absolute difference in ``max_diff``; ``ok`` when finite and within
-``8 * eps(dtype)`` of triton's largest magnitude (without a triton row: finite).
-
-Failure semantics: a variant that fails to build, compile (ours refused: the reason),
-run, or whose output code lacks the kernel it stands for gets a row with ``error`` and
-no figures; the other variants, cases and directions go on. Each case starts from
-``torch._dynamo.reset()`` and frees its tensors at its end; a recompile while timing is
-an error of that variant. Rows go to ``--out``/attention_bench.csv as each case ends,
-the plot (``attention_report.py``) to attention_bench.png; the exit status is 1 if any
-row failed or is not ok.
+Invariants: each variant's result (fwd: out; bwd: dq, dk, dv) is checked against
+``triton``'s -- ``max_diff`` the largest absolute difference, ``ok`` finite and within
+8 eps(dtype) of triton's largest magnitude (without a triton row: finite); each case
+starts from ``torch._dynamo.reset()`` and frees its tensors at its end; a recompile while
+timing is an error. Failure semantics: a variant that fails to build, compile (ours
+refused: the reason), run, or whose output code lacks our kernel, and every variant of a
+case that cannot be set up, gets a row with ``error`` and no figures; the run goes on.
+The CSV is rewritten as each case ends; the exit status is 1 if any row failed or is
+not ok.
 """
 
 from __future__ import annotations
@@ -75,7 +67,7 @@ from .attention_report import (
     HEADER,
     REFS,
     line,
-    read_rows,
+    parse_csv_rows,
     summary,
     write_csv,
     write_plot,
@@ -191,13 +183,16 @@ def attention(name: str, score_mod: Callable | None, block_mask: Any) -> Callabl
 @contextlib.contextmanager
 def _compiling(name: str) -> Iterator[list[str]]:
     """What a variant's first call compiles under (ours alone, or none of ours; donated
-    buffers off), collecting the output code of every graph it compiles, in order."""
+    buffers off; no FX graph or AOT autograd cache, so that every graph is compiled and
+    its output code seen), collecting that code graph by graph, in order."""
     from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
     with config.patch(flex_attention=False, flex_only_ours=name == "ours"), \
-            functorch_config.patch(donated_buffer=False), \
+            functorch_config.patch(donated_buffer=False, enable_autograd_cache=False), \
+            inductor_config.patch(fx_graph_cache=False), \
             mock.patch.object(GraphLowering, "save_output_code", codes.append):
         yield codes
 
@@ -357,18 +352,6 @@ def run(args: argparse.Namespace, device: str = "cuda") -> list[dict[str, Any]]:
     return rows
 
 
-def _csv_rows(text: str) -> list[dict[str, Any]]:
-    """``--merge``: a run's folder (its attention_bench.csv) or a CSV file, read."""
-    try:
-        return read_rows(Path(text))
-    except OSError as err:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
-    except (ValueError, KeyError) as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bench attention CSV "
-                                         f"({err})") from None
-
-
 def _head_dims(text: str) -> list[int]:
     return [positive("head dim")(item) for item in text.split(",")]
 
@@ -396,7 +379,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run every N-th case starting at the K-th (one run per GPU)")
     p.add_argument("--out", type=output_folder, default=Path("bench-out"),
                    help="folder for attention_bench.csv and attention_bench.png")
-    p.add_argument("--merge", type=_csv_rows, nargs="+", metavar="DIR|CSV",
+    p.add_argument("--merge", type=parse_csv_rows, nargs="+", metavar="DIR|CSV",
                    help="print and plot runs made earlier (their folders or CSV files)")
 
 

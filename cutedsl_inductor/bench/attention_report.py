@@ -13,6 +13,7 @@ forward and backward; one x position per case, titled with the GPU and versions.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import csv
 import math
@@ -100,6 +101,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not rows:
         raise ValueError("no rows")
     return rows
+
+
+def parse_csv_rows(text: str) -> list[dict[str, Any]]:
+    """``--merge``: a run's folder (its attention_bench.csv) or a CSV file, read."""
+    try:
+        return read_rows(Path(text))
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
+    except (ValueError, csv.Error) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bench attention CSV "
+                                         f"({err})") from None
 
 
 def _series(ax: Any, rows: list[dict[str, Any]], cases: list[str], key: str,
