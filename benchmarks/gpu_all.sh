@@ -4,6 +4,8 @@
 #                                             bench_epilogue (the default: these six)
 #                                             splitk, pingpong (those GPU tests alone)
 #                                             bench_gemm_shards bench_epilogue_shards
+#                                             bench_attention (ATTENTION_ARGS, default --quick)
+#                                             bench_attention_shards (the full suite, merged)
 #                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             compile_workers (host CPUs only, no GPU)
@@ -12,7 +14,8 @@
 # (PYTEST_ARGS: other paths or options).
 # bench_gemm_shards (bench_epilogue_shards) runs shard SHARD_FIRST.. of SHARDS (env) of the
 # full suite, one per GPU in parallel, into $OUT/gemm_shard_K ($OUT/epilogue_shard_K); merge
-# the GEMM ones with `bench gemm --merge DIR ...`.
+# the GEMM ones with `bench gemm --merge DIR ...`; the attention ones are merged into
+# $OUT/attention (`bench attention --merge`).
 # Logs and tables go to $OUT (default /tmp/gpu-out). A failing step
 # does not stop the next one; the exit status says whether any failed.
 set -uo pipefail
@@ -65,6 +68,11 @@ for s in $steps; do
     compile_workers) step compile_workers python3 -m benchmarks.compile_workers --workers 2,8 ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
+    bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
+        ${ATTENTION_ARGS:---quick} --out "$OUT" ;;
+    bench_attention_shards) shards attention
+        step attention_merge python3 -m cutedsl_inductor bench attention --merge \
+          "$OUT"/attention_shard_*/ --out "$OUT/attention" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

@@ -7,7 +7,7 @@
                                compile the built-in templates' default choices into the
                                cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
                                shapes), the GEMM choices for those shapes
-  bench gemm|epilogue|model|sweep|launch [...]
+  bench gemm|epilogue|attention|model|sweep|launch [...]
                                the benchmarks (``cutedsl_inductor/bench``; GPU)
 
 One argparse parser with a sub-parser per command and per benchmark (each benchmark
@@ -24,6 +24,7 @@ import sys
 import torch
 
 from . import config, demo
+from .bench import attention as bench_attention
 from .bench import epilogue as bench_epilogue
 from .bench import gemm as bench_gemm
 from .bench import launch as bench_launch
@@ -41,6 +42,8 @@ BENCHES = {
     "gemm": (bench_gemm, "our GEMM against cuBLAS and Inductor's best Triton template"),
     "epilogue": (bench_epilogue, "GEMM blocks with fused epilogues against Inductor's "
                                  "default and max-autotune"),
+    "attention": (bench_attention, "FlexAttention forward and backward: ours against "
+                                   "Inductor's Triton flex and SDPA"),
     "model": (bench_model, "real models (transformers) under torch.compile, with and "
                            "without our kernels"),
     "sweep": (bench_sweep, "every GEMM config the heuristic ranks (and variants) against "

@@ -188,6 +188,11 @@ flex_attention: bool = _knob(
 flex_max_configs: int = _knob(
     "flex_max_configs", "CUTEDSL_INDUCTOR_FLEX_MAX_CONFIGS", 2, Integer(1, 8),
     "FlexAttention configs offered per lowering", changes_code=True)
+flex_only_ours: bool = _knob(
+    "flex_only_ours", "CUTEDSL_INDUCTOR_FLEX_ONLY_OURS", False, Boolean(),
+    "where our FlexAttention is switched on, offer it alone (Inductor's Triton choices "
+    "dropped; a problem ours refuses fails to compile, naming why): what `bench attention` "
+    "times", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

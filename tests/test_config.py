@@ -68,7 +68,8 @@ def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
     assert set(config.snapshot()) == {"entry_suffix", "compile_options", "arch",
                                       "gemm_max_configs", "gemm_exhaustive",
                                       "epilogue_fusion", "fused_choice_candidates",
-                                      "flex_attention", "flex_max_configs"}
+                                      "flex_attention", "flex_max_configs",
+                                      "flex_only_ours"}
     with config.patch(gemm_max_configs=3):
         assert config.snapshot()["gemm_max_configs"] == 3
 

@@ -8,15 +8,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``"128x4096x4096,1024x1024x1024"`` -> ``[(128, 4096, 4096), (1024, 1024, 1024)]``."""
-    shapes = []
-    for item in text.split(","):
-        dims = item.lower().split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"{item!r} is not MxNxK (positive integers)")
-        shapes.append(tuple(int(d) for d in dims))
-    return shapes
+def parse_triples(form: str) -> Callable[[str], list[tuple[int, int, int]]]:
+    """An argument type: comma-separated triples of positive integers, ``form`` (such as
+    ``"MxNxK"``) naming their parts in the error."""
+    def parse(text: str) -> list[tuple[int, int, int]]:
+        shapes = []
+        for item in text.split(","):
+            dims = item.lower().split("x")
+            if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+                raise argparse.ArgumentTypeError(f"{item!r} is not {form} (positive integers)")
+            shapes.append((int(dims[0]), int(dims[1]), int(dims[2])))
+        return shapes
+    return parse
+
+
+# ``"128x4096x4096,1024x1024x1024"`` -> ``[(128, 4096, 4096), (1024, 1024, 1024)]``
+parse_shapes = parse_triples("MxNxK")
 
 
 def parse_shard(text: str) -> tuple[int, int]:

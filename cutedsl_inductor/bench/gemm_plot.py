@@ -44,6 +44,21 @@ def _ticks(low: float, high: float) -> list[float]:
     return sorted(kept)
 
 
+def ratio_axis(ax: Any, values: list[float]) -> None:
+    """A log y axis of ratios spanning ``values`` (NaN ignored) and 0.95-1.05, its ticks
+    ``_ticks``' and a line at 1."""
+    import matplotlib.ticker as ticker
+
+    values = [v for v in values if not math.isnan(v)]
+    low, high = min(values + [0.95]) / 1.03, max(values + [1.05]) * 1.03
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    ax.yaxis.set_major_locator(ticker.FixedLocator(_ticks(low, high)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+    ax.axhline(1.0, color="0.3", linewidth=0.8)
+
+
 def _group(shape: tuple[int, int, int]) -> tuple[int, ...]:
     """Squares first, then the shapes of each weight (N, K), by M."""
     m, n, k = shape
@@ -57,8 +72,6 @@ def _ratios(rows: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
 def _panel(ax: Any, rows: list[dict[str, Any]], ref: str, name: str,
            shapes: list[tuple[int, int, int]], variants: list[tuple[str, str]]) -> None:
     """One reference's ratios, a series per (dtype, layout), shapes side by side."""
-    import matplotlib.ticker as ticker
-
     for i, variant in enumerate(variants):
         mine = [r for r in rows if (r["dtype"], r["layout"]) == variant]
         offset = (i - (len(variants) - 1) / 2) * 0.8 / len(variants)
@@ -70,15 +83,8 @@ def _panel(ax: Any, rows: list[dict[str, Any]], ref: str, name: str,
         ax.errorbar(xs, ys, yerr=spread, fmt=MARKERS[i % len(MARKERS)], markersize=4,
                     elinewidth=0.8, label=" ".join(variant))
     values = [r[f"vs_{ref}"] for r in rows]
-    reach = [v for r in rows for v in (r.get(f"vs_{ref}_min", math.nan),
-                                       r.get(f"vs_{ref}_max", math.nan)) if not math.isnan(v)]
-    low, high = min(values + reach + [0.95]) / 1.03, max(values + reach + [1.05]) * 1.03
-    ax.set_yscale("log")
-    ax.set_ylim(low, high)
-    ax.yaxis.set_major_locator(ticker.FixedLocator(_ticks(low, high)))
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_locator(ticker.NullLocator())
-    ax.axhline(1.0, color="0.3", linewidth=0.8)
+    ratio_axis(ax, values + [v for r in rows for v in (r.get(f"vs_{ref}_min", math.nan),
+                                                       r.get(f"vs_{ref}_max", math.nan))])
     for x in range(1, len(shapes)):  # a faint line between the squares and each (N, K)
         if _group(shapes[x]) != _group(shapes[x - 1]):
             ax.axvline(x - 0.5, color="0.85", linewidth=0.8)

@@ -7,6 +7,9 @@ under different Inductor settings (a ``torch._dynamo.reset()`` between them) can
 be timed in interleaved rounds: each graph's ``replay`` runs its function's kernels,
 not Dynamo.
 
+``median_call_ms`` times a given number of calls after a given number of warm-ups (for
+benchmarks whose calls are long enough to time one by one, such as attention's).
+
 ``clock_and_power`` samples ``nvidia-smi`` while a function runs back to back: the
 SM clock a kernel holds under the board's power cap."""
 
@@ -30,6 +33,31 @@ def tflops_and_ratios(times: dict[str, list[float]], flops: float,
         ratios = [r / o for o, r in zip(times["ours"], times[ref])]
         row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
     return row
+
+
+def median_call_ms(fn: Any, steps: int, warmup: int, cuda: bool = True) -> float:
+    """The median ms of ``steps`` calls of ``fn`` after ``warmup`` untimed ones: each call
+    between two CUDA events, all queued back to back and synchronized once at the end
+    (``cuda=False``: the wall clock around each call, for CPU tensors)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if not cuda:
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(steps)]
+    for begin, end in events:
+        begin.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
 def captured(fn: Any) -> Any:

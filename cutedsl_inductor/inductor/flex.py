@@ -34,6 +34,12 @@ backward also refuses score_mods whose captured tensors need gradients:
 that do not reach the Triton template (flex decoding, the FLASH backend, CPU) get no
 choice of ours (logged at debug): under ``BACKEND="AUTO"`` a query shorter than 128
 takes flex decoding; ``BACKEND="TRITON"`` keeps it on the template path.
+
+``config.flex_only_ours`` (for benchmarks that time our kernel alone): where ours is
+switched on and the lowering reaches the Triton template, the Triton choices are dropped
+and a problem ours refuses raises ``ChoiceError`` with the reason, so the compile fails
+instead of falling back; if every choice of ours then fails to compile, Inductor's
+autotuning has none left and fails too.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import config
+from ..exc import ChoiceError, format_params
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +130,11 @@ class _Offer:
             return
         before = len(choices)
         reason = make(choices, nodes, layout, list(self.seen.get("subgraphs") or []), options)
+        if config.flex_only_ours:
+            if reason is not None:
+                raise ChoiceError(template=template.name, params=format_params(options),
+                                  cause=reason)
+            del choices[:before]
         if reason is not None:
             log.warning("no CuteDSL %s choice (template %s, params %s): %s", self.kind,
                         template.name, options, reason)

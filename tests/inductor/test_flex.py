@@ -10,6 +10,7 @@ the Triton template makes no choice (as if Inductor's name filter left only ours
 
 import importlib
 import logging
+import types
 
 import pytest
 import torch
@@ -171,6 +172,37 @@ def test_a_refused_problem_names_the_template_its_params_and_the_reason(
     message = next(r.getMessage() for r in caplog.records if "no CuteDSL flex" in r.getMessage())
     assert "template sm90_flex_attention" in message and "'SM_SCALE': 0.125" in message
     assert "dtype torch.float32: the kernel takes bf16/fp16" in message
+
+
+def triton_stand_in(monkeypatch):
+    """The Triton template appends one stand-in choice per config (none are real here)."""
+    monkeypatch.setattr(TritonTemplate, "maybe_append_choice", lambda self, choices, **kw:
+                        choices.append(types.SimpleNamespace(name="triton_stand_in")))
+
+
+def test_only_ours_drops_the_triton_choices(virtual_flex, monkeypatch):
+    triton_stand_in(monkeypatch)
+    seen = spy_on_selection(monkeypatch)
+    with pytest.raises(Exception, match="Selected"):
+        lower({"CUTEDSL": True})
+    assert "triton_stand_in" in seen[0] and len(seen[0]) == 2  # Triton's and ours
+    monkeypatch.setattr(config, "flex_only_ours", True)
+    with pytest.raises(Exception, match="Selected"):
+        lower({"CUTEDSL": True})
+    assert len(seen[1]) == 1 and seen[1] != ["triton_stand_in"]
+
+
+def test_only_ours_fails_the_compile_with_the_reason_where_ours_is_refused(
+        virtual_flex, monkeypatch):
+    triton_stand_in(monkeypatch)
+    seen = spy_on_selection(monkeypatch)
+    monkeypatch.setattr(config, "flex_only_ours", True)
+    with pytest.raises(Exception, match="dtype torch.float32: the kernel takes bf16/fp16"):
+        lower({"CUTEDSL": True}, dtype=torch.float32)
+    assert seen == []  # no autotuning over Triton's choices
+    with pytest.raises(Exception, match="Selected"):  # ours switched off: Triton's as ever
+        lower({}, dtype=torch.float32)
+    assert seen == [["triton_stand_in"]]
 
 
 def test_our_option_is_removed_before_inductor_sees_it():
