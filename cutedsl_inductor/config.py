@@ -175,6 +175,11 @@ epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "
     "into one", changes_code=True)
+prologue_fusion: bool = _knob(
+    "prologue_fusion", "CUTEDSL_INDUCTOR_PROLOGUE_FUSION", False, Boolean(),
+    "fuse a pointwise producer of a GEMM's activation (a cast, a scale, RMSNorm's weight) "
+    "into its load path where timing says it pays (templates with `def_prologue`)",
+    changes_code=True)
 fused_choice_candidates: int = _knob(
     "fused_choice_candidates", "CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, Integer(0, 64),
     "our fastest GEMM choices timed again with their epilogue fused (< 2: none)",

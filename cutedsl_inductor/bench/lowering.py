@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -67,15 +67,17 @@ def virtual_sm90() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lowered(fn: Callable[..., Any], *shapes: tuple[int, ...], dtype: torch.dtype = torch.bfloat16,
+def lowered(fn: Callable[..., Any], *shapes: tuple[int, ...],
+            dtype: torch.dtype | Sequence[torch.dtype] = torch.bfloat16,
             cpp_wrapper: bool = False, post_grad: bool = False) -> Iterator[GraphLowering]:
-    """Trace ``fn`` on fake CUDA tensors of ``shapes`` and lower it with Inductor (its
-    C++ wrapper with ``cpp_wrapper``, after its post-grad passes with ``post_grad``);
-    yields the GraphLowering, installed as V.graph (build a Scheduler from its
-    operations, or ``codegen()`` it)."""
+    """Trace ``fn`` on fake CUDA tensors of ``shapes`` (of ``dtype``, or of one dtype
+    each) and lower it with Inductor (its C++ wrapper with ``cpp_wrapper``, after its
+    post-grad passes with ``post_grad``); yields the GraphLowering, installed as V.graph
+    (build a Scheduler from its operations, or ``codegen()`` it)."""
+    dtypes = [dtype] * len(shapes) if isinstance(dtype, torch.dtype) else list(dtype)
     mode = FakeTensorMode()
     with mode:
-        args = [torch.empty(shape, device="cuda", dtype=dtype) for shape in shapes]
+        args = [torch.empty(shape, device="cuda", dtype=dt) for shape, dt in zip(shapes, dtypes)]
     gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
     if post_grad:
         with V.set_fake_mode(mode):

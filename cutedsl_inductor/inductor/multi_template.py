@@ -5,13 +5,15 @@ Under max-autotune Inductor lowers a GEMM with several choices to a
 benchmarks epilogue fusion for Triton choices alone and finalizes any other winner
 after fusion, so a consumer of a CuteDSL winner would always stay a separate kernel.
 ``PreFusionPass`` (Inductor's ``_pre_fusion_custom_pass``, installed by ``install()``)
-runs just before fusion: with ``config.epilogue_fusion`` on, every MultiTemplateBuffer
-that offers our choices is benchmarked (what Inductor would do later anyway) and our
-fastest choice is taken -- replaced by its ``CuteDSLTemplateBuffer`` exactly as Inductor
-finalizes an extern winner -- when it is the fastest overall, or, if the node has a
-pointwise consumer, when it is slower by less than fusing would save: the round trip of
-the output through memory plus a launch (``fusion_saving_ms``). Our scheduling can then
-fuse the epilogue.
+runs just before fusion: with ``config.epilogue_fusion`` (or ``config.prologue_fusion``)
+on, every MultiTemplateBuffer that offers our choices is benchmarked (what Inductor would
+do later anyway) and our fastest choice is taken -- replaced by its
+``CuteDSLTemplateBuffer`` exactly as Inductor finalizes an extern winner -- when it is
+the fastest overall, or, if the node has a pointwise consumer (a pointwise producer of
+an input), when it is slower by less than fusing would save: the round trip of the
+output through memory plus a launch (``fusion_saving_ms``; the producer's traffic and
+launch, ``prologue.prologue_saving_ms``). Our scheduling can then fuse the epilogue;
+the pass then fuses the prologues that win their timing (``prologue.py``).
 
 The autotuner timed each choice alone, but a fused epilogue costs configs differently
 (a ping-pong kernel hides it behind the other warpgroup's mainloop, a cooperative one
@@ -59,6 +61,7 @@ from .. import config
 from ..autotune.retime import fastest_in_rounds
 from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
+from . import prologue
 from .cache_key import package_fingerprint
 from .scheduling import CuteDSLScheduling, render_kernel
 
@@ -77,8 +80,10 @@ class PreFusionPass(SchedulerPass):
         self.previous = previous
 
     def __call__(self, nodes: list[Any]) -> list[Any]:
-        if config.epilogue_fusion:
+        if config.epilogue_fusion or prologue.enabled():
             finalize_cutedsl_winners(nodes)
+        if prologue.enabled():
+            nodes = prologue.fuse_prologues(nodes)
         return self.previous(nodes) if self.previous is not None else nodes
 
     def uuid(self) -> Any:
@@ -99,8 +104,9 @@ def finalize_cutedsl_winners(nodes: list[Any]) -> None:
         except Exception as err:  # Inductor's own finalization will see it again
             log.debug("not finalizing %s early: %s", multi.get_name(), err)
             continue
-        saving_ms = fusion_saving_ms(node)
-        winner = chosen_cutedsl_choice(timings, saving_ms)
+        epilogue_ms = fusion_saving_ms(node) if config.epilogue_fusion else 0.0
+        prologue_ms = prologue.prologue_saving_ms(node) if prologue.enabled() else 0.0
+        winner = chosen_cutedsl_choice(timings, epilogue_ms + prologue_ms)
         if winner is None:
             continue
         with ir.IRNode.current_origins(multi.origins):
@@ -114,7 +120,7 @@ def finalize_cutedsl_winners(nodes: list[Any]) -> None:
         nodes[index] = scheduler.name_to_node[node.get_name()]
         log.debug("%s: CuteDSL choice %s finalized before fusion", multi.get_name(),
                   winner.description)
-        if saving_ms > 0:
+        if epilogue_ms > 0:
             try:
                 retime_with_epilogue(nodes[index], timings)
             except Exception as err:  # keep the plain-time winner, never a crash

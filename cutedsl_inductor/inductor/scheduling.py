@@ -16,8 +16,12 @@ Fusion: with ``config.epilogue_fusion`` on, a pointwise consumer fuses into a te
 that defines an epilogue (``template/epilogue.py``; max-autotune's deferred choices that
 we win are finalized before fusion, ``multi_template.py``) once the fused kernel has
 compiled (cached, so the output code reuses it; one that fails stays unfused, with a
-warning); every other fusion question about our nodes is answered "no", on every
-supported torch.
+warning). A pointwise producer of an input joins a template that defines a prologue
+(``template/prologue.py``) only through our pre-fusion step (``inductor/prologue.py``,
+which times it), never through Inductor's own prologue fusion: every other fusion
+question about our nodes is answered "no", on every supported torch. The fused
+prologue travels on the template buffer (``buffer.prologue``), so every render of it
+(fusing an epilogue, the final code) includes it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..runtime.loader import load_kernel, write_source
 from ..template.buffer import CuteDSLTemplateBuffer
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
+from ..template.prologue import ProloguePlan, plan_prologue
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,11 @@ class CuteDSLScheduling(BaseScheduling):
         return False
 
     def epilogue_plan(self, nodes: list[Any]) -> EpiloguePlan | None:
-        """The plan for a template node followed by pointwise consumer nodes, or None."""
+        """The plan for a template node (after its fused prologue, if any) followed by
+        pointwise consumer nodes, or None."""
+        nodes = _from_template(nodes)
+        if not nodes:
+            return None
         template_node, *consumers = nodes
         if not is_cutedsl_template(template_node) or not consumers:
             return None
@@ -87,12 +96,33 @@ class CuteDSLScheduling(BaseScheduling):
             return None
         return plan if self.fused_kernel_compiles(template_node.node, plan) else None
 
-    def fused_kernel_compiles(self, buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan) -> bool:
+    def prologue_plan(self, producer: Any, template_node: Any) -> ProloguePlan | None:
+        """The plan for pointwise ``producer`` (a scheduler node whose only user is
+        ``template_node``, one of ours) in the template's load path, or None (logged at
+        debug): a template without the hook, a producer that does not translate, a choice
+        that claims no prologue on that input, a fused kernel that does not compile."""
+        buffer = template_node.node
+        if not buffer.template.supports_prologue:
+            return None
+        try:
+            if not isinstance(producer, SchedulerNode) or producer.is_template() or \
+                    producer.is_reduction() or producer.has_aliasing_or_mutation():
+                raise NotImplementedError("not a plain pointwise node")
+            plan = plan_prologue(buffer, producer.node)
+            render_kernel(buffer, IDENTITY, plan)  # the choice claims the input, or raises
+        except Exception as err:  # not fusable: the nodes stay unfused, never a crash
+            log.debug("not fusing %s as a prologue of %s: %s", producer.get_name(),
+                      template_node.get_name(), err)
+            return None
+        return plan if self.fused_kernel_compiles(buffer, IDENTITY, plan) else None
+
+    def fused_kernel_compiles(self, buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan,
+                              prologue: Any = None) -> bool:
         """Compile the fused kernel now, before the fusion is decided: the autotuner only
         ever compiled the template alone. The compile is cached (the output code then
         loads it for free); a template whose fused kernel fails to compile stays unfused,
         with a warning that names the template, parameters and generated file."""
-        kernel_name, source, specs = render_kernel(buffer, plan)[1:]
+        kernel_name, source, specs = render_kernel(buffer, plan, prologue)[1:]
         if source in self._failed_sources:
             return False
         try:
@@ -100,7 +130,8 @@ class CuteDSLScheduling(BaseScheduling):
                         params=buffer.params)
         except Exception as err:  # the nodes stay unfused, never a crash
             self._failed_sources.add(source)
-            log.warning("not fusing an epilogue into %s: %s", kernel_name, err)
+            log.warning("not fusing %s into %s: %s",
+                        "a prologue" if prologue is not None else "an epilogue", kernel_name, err)
             return False
         return True
 
@@ -112,9 +143,12 @@ class CuteDSLScheduling(BaseScheduling):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        if prologue_nodes:
-            raise NotImplementedError("CuteDSL templates do not fuse prologues")
         buffer: CuteDSLTemplateBuffer = template_node.node
+        fused_prologue = [buffer.prologue.target] if buffer.prologue is not None else []
+        written = [name for n in prologue_nodes for name in n.get_buffer_names()]
+        if written != fused_prologue:
+            raise NotImplementedError(f"prologue nodes writing {written} are not the "
+                                      "template's fused prologue")
         plan = IDENTITY
         if epilogue_nodes:
             for node in epilogue_nodes:
@@ -123,14 +157,14 @@ class CuteDSLScheduling(BaseScheduling):
             if plan is None:
                 raise NotImplementedError("the fused epilogue no longer translates")
         # never written: removed before mark_run, whose allocations skip removed buffers
-        V.graph.removed_buffers |= OrderedSet(plan.fused_names)
+        V.graph.removed_buffers |= OrderedSet([*plan.fused_names, *fused_prologue])
         kernel, kernel_name, source, specs = render_kernel(buffer, plan)
-        for node in (template_node, *epilogue_nodes):
+        for node in (*prologue_nodes, template_node, *epilogue_nodes):
             node.mark_run()
         nodes = kernel.arg_nodes()
         with V.set_kernel_handler(kernel):
             kernel_name = self.define_kernel(kernel_name, source, specs, buffer,
-                                             [template_node, *epilogue_nodes])
+                                             [*prologue_nodes, template_node, *epilogue_nodes])
             V.graph.wrapper_code.generate_kernel_call(
                 kernel_name,
                 kernel.call_references(),
@@ -166,10 +200,12 @@ class CuteDSLScheduling(BaseScheduling):
         return kernel_name
 
 
-def render_kernel(buffer: CuteDSLTemplateBuffer,
-                  plan: EpiloguePlan) -> tuple[Any, str, str, list[ArgSpec]]:
-    """(kernel, name, source, argument specs) of ``buffer``'s template with ``plan``."""
-    kernel, render = buffer.make_kernel_render(buffer, epilogue=plan)
+def render_kernel(buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan,
+                  prologue: Any = None) -> tuple[Any, str, str, list[ArgSpec]]:
+    """(kernel, name, source, argument specs) of ``buffer``'s template with ``plan`` and
+    its fused prologue (``prologue``, by default the buffer's own)."""
+    prologue = buffer.prologue if prologue is None else prologue
+    kernel, render = buffer.make_kernel_render(buffer, epilogue=plan, prologue=prologue)
     rendered = render()
     specs = specs_for_nodes(kernel.arg_nodes(), buffer.template.symbolic_shapes)
     kernel_name, source = name_kernel(buffer.template.name, rendered, specs)
@@ -209,6 +245,12 @@ class CuteDSLCombinedScheduling(CUDACombinedScheduling):
             return self._cutedsl.codegen_template(template_node, epilogue_nodes, prologue_nodes)
         return super().codegen_template(template_node, epilogue_nodes, prologue_nodes,
                                         *args, **kwargs)
+
+
+def _from_template(nodes: list[Any]) -> list[Any]:
+    """``nodes`` from the first of our templates on (past its fused prologue), or []."""
+    index = next((i for i, n in enumerate(nodes) if is_cutedsl_template(n)), None)
+    return [] if index is None else nodes[index:]
 
 
 def _involves_cutedsl(*nodes: Any) -> bool:

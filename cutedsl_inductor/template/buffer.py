@@ -3,7 +3,8 @@
 It is a ``TemplateBuffer`` of our own (not upstream's ``ir.CuteDSLTemplateBuffer``), so
 Inductor's stock CUDA scheduling never claims it; ``CuteDSLCombinedScheduling`` routes it
 to ``CuteDSLScheduling``. ``make_kernel_render(buffer)`` returns (kernel, render) for the
-final code generation; ``template`` and ``params`` say which choice it is.
+final code generation; ``template`` and ``params`` say which choice it is, ``prologue``
+which producer of an input it computes in its load path, if any.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class CuteDSLTemplateBuffer(ir.TemplateBuffer):
         super().__init__(layout, inputs, make_kernel_render)
         self.template = template
         self.params = params
+        # the fused prologue (``template/prologue.py``), set where the scheduler fuses one
+        self.prologue: Any = None
         self.outputs: list[ir.Buffer] = [self]
         if mutated_inputs is not None:
             device = self.inputs[0].get_device()

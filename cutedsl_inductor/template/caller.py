@@ -74,10 +74,10 @@ class KernelRender:
         self.subgraphs = subgraphs
 
     def __call__(self, out_node: Any, hint_override: int | None = None,
-                 epilogue: EpiloguePlan = IDENTITY) -> tuple[Any, Any]:
+                 epilogue: EpiloguePlan = IDENTITY, prologue: Any = None) -> tuple[Any, Any]:
         kernel = CuteDSLTemplateKernel(
             KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params, epilogue,
-            subgraphs=self.subgraphs, template_name=self.template.name,
+            subgraphs=self.subgraphs, template_name=self.template.name, prologue=prologue,
         )
         return kernel, functools.partial(self.template.render, kernel)
 

@@ -32,6 +32,12 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 expressions, captured tensors from ``captures``
                                 (``template/subgraph.py``); ``mask=`` and
                                 ``input_dtypes=`` as there
+  ``{{def_prologue("a")}}``     defines ``<kernel_name>_prologue(value, c0, .., extras)``:
+                                call it on each element of input ``a`` the template loads
+                                (fp32, with its coordinates); it applies the fused
+                                prologue, whose source the entry then gets as ``a``
+                                (identity when none; ``template/prologue.py``)
+  ``{{prologue_inputs()}}``     the ``extras`` tuple to pass it, built in the entry
   ``{{modification_inputs()}}`` the ``captures`` tuple (flat views of the captured tensors
                                 every modification reads), built in the entry
 
@@ -39,8 +45,10 @@ Invariants: rendering is pure (no global counters); the same template, parameter
 input layouts give the same text. ``def_kernel`` and ``gen_defines`` are placeholders
 that ``render`` fills in, at their line's indentation, once every argument is known, so
 hooks may be used in any order and at any indentation; so are ``modification`` (its
-statements are translated at once, so a refusal raises while rendering) and
-``modification_inputs``. A subgraph that does not translate raises ``SubgraphError``.
+statements are translated at once, so a refusal raises while rendering),
+``modification_inputs`` and ``def_prologue``. A subgraph that does not translate raises
+``SubgraphError``; a prologue on an input that no ``def_prologue`` claims raises
+``ValueError`` (the choice is not fused).
 """
 
 from __future__ import annotations
@@ -57,9 +65,11 @@ from ..compile.specs import ArgSpec, specs_key
 from ..exc import SubgraphError, format_params
 from .defines import gen_defines
 from .epilogue import IDENTITY, EpiloguePlan
+from .prologue import ProloguePlan, identity_source
 from .subgraph import Captures, translate_modification
 
 DEF_KERNEL_PLACEHOLDER = "<DEF_KERNEL>"
+DEF_PROLOGUE_PLACEHOLDER = "<DEF_PROLOGUE>"
 GEN_DEFINES_PLACEHOLDER = "<GEN_DEFINES>"
 MODIFICATION_INPUTS_PLACEHOLDER = "<MODIFICATION_INPUTS>"
 KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
@@ -107,6 +117,12 @@ def _unwrap(node: Any) -> Any:
     return node
 
 
+def _is_buffer(node: Any, name: str) -> bool:
+    """Whether ``node`` is buffer ``name`` itself (not a view of it)."""
+    inner = _unwrap(node)
+    return not isinstance(inner, ir.BaseView) and inner.get_name() == name
+
+
 def call_reference(node: Any) -> str:
     """How the output code names ``node``: its buffer, or a reinterpret_tensor view."""
     inner = _unwrap(node)
@@ -125,6 +141,7 @@ class CuteDSLTemplateKernel(Kernel):
         epilogue: EpiloguePlan = IDENTITY,
         subgraphs: list[Any] | None = None,
         template_name: str = "",
+        prologue: ProloguePlan | None = None,
     ) -> None:
         super().__init__()
         self.kernel_name = kernel_name
@@ -134,6 +151,10 @@ class CuteDSLTemplateKernel(Kernel):
         self.output_rank = len(output_node.get_size()) if output_node is not None else 0
         self.params = dict(params or {})
         self.epilogue = epilogue
+        # a fused prologue: its source replaces the input it writes (``def_kernel``)
+        self.prologue = prologue
+        self.prologue_operand: str | None = None  # that input's name in ``def_kernel``
+        self._prologue_claim: str | None = None  # the input ``def_prologue`` names
         # (parameter name in the entry signature, IR node), in call order
         self.template_inputs: list[tuple[str, Any]] = []
         self._renames: list[str] = []
@@ -156,6 +177,9 @@ class CuteDSLTemplateKernel(Kernel):
             )
         for index, node in enumerate(self.input_nodes):
             name = arg_names[index] if index < len(arg_names) else f"input_{index}"
+            if self.prologue is not None and _is_buffer(node, self.prologue.target):
+                node = V.graph.get_buffer(self.prologue.source)
+                self.prologue_operand = name
             self.template_inputs.append((f"arg_{name}", node))
             self._renames.append(f"{name} = arg_{name}")
         if self.output_node is not None:
@@ -193,6 +217,31 @@ class CuteDSLTemplateKernel(Kernel):
         views = [
             f"cute.make_tensor({arg}.iterator, cute.make_layout(cute.cosize({arg}.layout)))"
             for arg in (self.args.input(name) for name in self.epilogue.extra_buffers)
+        ]
+        return f"({', '.join(views)}{',' if views else ''})"
+
+    def def_prologue(self, operand: str) -> str:
+        """The ``<kernel_name>_prologue(value, c0, .., extras)`` function: the fused
+        prologue where it writes input ``operand``, else identity; see
+        ``template/prologue.py``."""
+        if self._prologue_claim is not None:
+            raise ValueError("def_prologue() may be used once per template")
+        self._prologue_claim = operand
+        self._hooks[DEF_PROLOGUE_PLACEHOLDER] = self._render_prologue
+        return DEF_PROLOGUE_PLACEHOLDER
+
+    def _render_prologue(self) -> str:
+        name = f"{self.kernel_name}_prologue"
+        if self.prologue is None or self.prologue_operand != self._prologue_claim:
+            return identity_source(name, self.output_rank).rstrip("\n")
+        return self.prologue.function_source(name).rstrip("\n")
+
+    def prologue_inputs(self) -> str:
+        """The tuple of flat views of the prologue's extra inputs, for the entry's body."""
+        names = self.prologue.extra_buffers if self.prologue is not None else []
+        views = [
+            f"cute.make_tensor({arg}.iterator, cute.make_layout(cute.cosize({arg}.layout)))"
+            for arg in (self.args.input(name) for name in names)
         ]
         return f"({', '.join(views)}{',' if views else ''})"
 
@@ -259,6 +308,9 @@ class CuteDSLTemplateKernel(Kernel):
             epilogue_tile_input=self.epilogue_tile_input,
             modification=self.modification,
             modification_inputs=self.modification_inputs,
+            def_prologue=self.def_prologue,
+            prologue_inputs=self.prologue_inputs,
+            has_prologue=self.prologue is not None,
             tile_input_index=self.epilogue.tile_input,
             has_epilogue=self.epilogue.output is not None,
             output_rank=self.output_rank,
@@ -271,6 +323,10 @@ class CuteDSLTemplateKernel(Kernel):
         )
         for placeholder, hook in self._hooks.items():
             text = fill_placeholder(text, placeholder, hook())
+        if self.prologue is not None and (self.prologue_operand is None
+                                          or self.prologue_operand != self._prologue_claim):
+            raise ValueError(f"the template transforms no input {self.prologue_operand!r} "
+                             f"(its def_prologue names {self._prologue_claim!r})")
         # no trailing blanks: the output code re-indents, which would alter such lines
         return "".join(line.rstrip() + "\n" for line in (IMPORTS + text).splitlines())
 

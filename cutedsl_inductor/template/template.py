@@ -68,6 +68,8 @@ class CuteDSLTemplate:
         self.symbolic_shapes = symbolic_shapes
         # a template that defines the epilogue hook accepts fused pointwise consumers
         self.supports_epilogue = "def_epilogue(" in source
+        # one that defines the prologue hook, pointwise producers of an input
+        self.supports_prologue = "def_prologue(" in source
         try:
             self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(source)
         except jinja2.TemplateSyntaxError as err:

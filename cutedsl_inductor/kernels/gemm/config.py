@@ -96,6 +96,10 @@ class GemmConfig:
     :param swiglu: "" (a GEMM), "b" (``silu(A @ B^T) * (A @ B_up^T)``) or "a"
         (``silu(A @ B^T) * (A_up @ B^T)``).
     :param swap_ab: the caller computes ``C^T = B A^T`` (small M); the tile is C^T's.
+    :param transform_a: A is loaded in its own dtype (fp32, bf16 or fp16), transformed
+        elementwise in registers (the ``prologue_op`` hook: a fused prologue) and
+        converted to B's dtype for WGMMAs that read A from registers
+        (``transform_a.py``); not with ``swiglu``, ``swap_ab`` or split-K.
     """
 
     tile_m: int = 128
@@ -112,6 +116,7 @@ class GemmConfig:
     split_k: int = 1
     swiglu: str = ""
     swap_ab: bool = False
+    transform_a: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -123,6 +128,9 @@ class GemmConfig:
         self._check_resources()
         _require(not self.swap_ab or self.store == "direct",
                  "swap_ab=True needs store='direct' (C^T is column-major)")
+        _require(not (self.transform_a and (self.swiglu or self.swap_ab or self.split_k > 1)),
+                 "transform_a=True needs swiglu='', swap_ab=False and split_k=1 (it "
+                 "transforms the activation, which is A there)")
 
     def _check_kernel(self) -> None:
         _require(self.store in ("tma", "direct"), f"store={self.store!r} must be 'tma' or 'direct'")
@@ -161,8 +169,8 @@ class GemmConfig:
         _require(self.group_size >= 1, f"group_size={self.group_size} must be >= 1")
         _require(self.stages == 0 or self.stages >= 2,
                  f"stages={self.stages} must be 0 (auto) or >= 2")
-        # with the widest supported output (fp32)
-        if self.ring_stages(2, 4) < 2:
+        # with the widest supported output (fp32), and an fp32 A where it is transformed
+        if self.ring_stages(4 if self.transform_a else 2, 4, 2) < 2:
             extra = " next to the split-K reduction buffer" if self.split_k > 1 else ""
             _require(False, f"tile does not fit two pipeline stages in shared memory{extra}")
 
@@ -172,7 +180,7 @@ class GemmConfig:
         """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
         ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu``
         for the two-weight kernel, ``_g4`` for a raster band of 4 clusters instead of
-        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_direct`` for the direct store
+        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A, ``_direct`` for the direct store
         where swap-AB does not imply it)."""
         consumers = "pp" if self.pingpong else ("coop" if self.cooperative else "1wg")
         return "".join([
@@ -183,6 +191,7 @@ class GemmConfig:
             f"_k{self.split_k}" if self.split_k > 1 else "",
             "_swap" if self.swap_ab else "",
             "_swiglu" if self.swiglu else "",
+            "_ta" if self.transform_a else "",
             "_direct" if self.store == "direct" and not self.swap_ab else ""])
 
     def replace(self, **changes: Any) -> "GemmConfig":
@@ -211,12 +220,15 @@ class GemmConfig:
         """The split-K reduction buffer: one fp32 accumulator tile (none without split)."""
         return self.tile_m * self.tile_n * 4 if self.split_k > 1 else 0
 
-    def ring_stages(self, ab_bytes: int, c_bytes: int) -> int:
-        """The smem ring depth for these operand and output widths: the requested depth,
-        or 0 where it does not fit; with ``stages=0`` as many as fit, at most 8. Ping-pong
-        keeps one set of epilogue buffers per consumer warpgroup."""
+    def ring_stages(self, ab_bytes: int, c_bytes: int, b_bytes: Optional[int] = None) -> int:
+        """The smem ring depth for these operand and output widths (A's ``ab_bytes``, B's
+        ``b_bytes``, by default the same): the requested depth, or 0 where it does not
+        fit; with ``stages=0`` as many as fit, at most 8. Ping-pong keeps one set of
+        epilogue buffers per consumer warpgroup."""
         a_tiles, b_tiles = self.operand_tiles
-        per_stage = (self.tile_m * a_tiles + self.tile_n * b_tiles) * self.tile_k * ab_bytes
+        b_bytes = ab_bytes if b_bytes is None else b_bytes
+        per_stage = (self.tile_m * a_tiles * ab_bytes
+                     + self.tile_n * b_tiles * b_bytes) * self.tile_k
         budget = (SM90_SMEM_CAPACITY - SMEM_RESERVED
                   - epilogue_bytes(c_bytes, self.consumer_wgs) - self.reduce_bytes())
         fit = budget // per_stage

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .ptx import opaque_copy
 
@@ -42,11 +43,14 @@ class Loads:
 
 class Fragments:
     """A consumer warpgroup's WGMMA operands and accumulators (``wide_*``: those of the
-    one WGMMA twice as wide, where SwiGLU's two weight tiles make one)."""
+    one WGMMA twice as wide, where SwiGLU's two weight tiles make one; ``a_smem``,
+    ``a_coords``: a transformed A's smem elements and coordinates, ``transform_a.py``)."""
 
-    def __init__(self, a, b, acc, acc_up, wide_a=None, wide_b=None, acc_both=None):
+    def __init__(self, a, b, acc, acc_up, wide_a=None, wide_b=None, acc_both=None,
+                 a_smem=None, a_coords=None):
         self.a, self.b, self.acc, self.acc_up = a, b, acc, acc_up
         self.wide_a, self.wide_b, self.acc_both = wide_a, wide_b, acc_both
+        self.a_smem, self.a_coords = a_smem, a_coords
 
 
 class GemmOperands:
@@ -60,10 +64,25 @@ class GemmOperands:
     def __init__(self, gemm: Any) -> None:
         self.gemm = gemm
 
+    def check_dtypes(self, a_dtype: Any, b_dtype: Any) -> None:
+        if a_dtype not in (cutlass.BFloat16, cutlass.Float16) or a_dtype != b_dtype:
+            raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, got {a_dtype}/{b_dtype}")
+
+    def make_tiled_mma(self, a_layout: Any, b_layout: Any) -> Any:
+        """The GEMM's WGMMAs (``gemm.tiled_mma``), both operands from shared memory."""
+        gemm = self.gemm
+        return sm90_utils.make_trivial_tiled_mma(
+            gemm.a_dtype, gemm.b_dtype, a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(), gemm.acc_dtype, gemm.mma_atom_layout,
+            tiler_mn=(64, gemm.tile_n))
+
     def setup(self, a_layout: Any, b_layout: Any, a_dtype: Any, b_dtype: Any) -> None:
         """Trace-time layouts beyond the GEMM's own (``gemm.tiled_mma``, ``gemm.sB_layout``)."""
         self.tiled_mma_up = self.gemm.tiled_mma
         self.sB_up_layout = self.gemm.sB_layout
+
+    def bind(self, prob_m: Any, prob_k: Any, pro_args: Any) -> None:
+        """The kernel's values a transformed A reads (none here)."""
 
     def check_weights(self, mA_up: Any, mB_up: Any) -> None:
         given = ("a" if mA_up is not None else "") + ("b" if mB_up is not None else "")
@@ -109,9 +128,10 @@ class GemmOperands:
         return tiled_mma
 
     def fragments(self, tiled_mma: Any, tiled_mma_up: Any, wg_thread: Any, sA: Any,
-                  sB: Any, sB_up: Any) -> Fragments:
+                  sB: Any, sB_up: Any, ctid: Any = None) -> Fragments:
         """The WGMMA fragments of the slice of consumer warpgroup thread ``wg_thread`` and
-        its accumulators (``sB_up()``: the smem view of the wide B tiles)."""
+        its accumulators (``sB_up()``: the smem view of the wide B tiles; ``ctid``: the
+        thread in the tile's consumers)."""
         a, b = self.operand_fragments(tiled_mma, wg_thread, sA, sB)
         return Fragments(a, b, self.accumulator(tiled_mma), None)
 
@@ -126,8 +146,24 @@ class GemmOperands:
     def acc_shape(self, tiled_mma: Any) -> Any:
         return tiled_mma.partition_shape_C((self.gemm.tile_m, self.gemm.tile_n))
 
-    def gemm_k_block(self, mma: Any, frags: Fragments, kb: int, index: Any) -> None:
-        """The WGMMAs of k-block ``kb`` of ring stage ``index``."""
+    def begin_stage(self) -> None:
+        """Before a ring stage's WGMMAs: the fence, once per stage (per k-block the
+        compiler would inject its own: ptxas C7519)."""
+        warpgroup.fence()
+
+    def end_stage(self) -> None:
+        """After a ring stage's WGMMAs: one commit group, of which the one before (the
+        previous stage's) has then completed."""
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)
+
+    def k_blocks(self, frags: Fragments) -> int:
+        return cute.size(frags.a, mode=[2])
+
+    def gemm_k_block(self, mma: Any, frags: Fragments, kb: int, index: Any, k_idx: Any,
+                     tile: Any) -> None:
+        """The WGMMAs of k-block ``kb`` of ring stage ``index`` (k-tile ``k_idx`` of output
+        tile ``tile``)."""
         cute.gemm(mma, frags.acc, frags.a[(None, None, kb, index)],
                   frags.b[(None, None, kb, index)], frags.acc)
 
@@ -227,7 +263,7 @@ class SwigluOperands(GemmOperands):
         return tiled_mma_up if self.wide else tiled_mma
 
     def fragments(self, tiled_mma: Any, tiled_mma_up: Any, wg_thread: Any, sA: Any,
-                  sB: Any, sB_up: Any) -> Fragments:
+                  sB: Any, sB_up: Any, ctid: Any = None) -> Fragments:
         a, b = self.operand_fragments(tiled_mma, wg_thread, sA, sB)
         if not self.wide:
             return Fragments(a, b, self.accumulator(tiled_mma), self.accumulator(tiled_mma))
@@ -248,13 +284,14 @@ class SwigluOperands(GemmOperands):
                          cute.make_tensor(acc_both.iterator + tn // 2, half),
                          wide_a, wide_b, acc_both)
 
-    def gemm_k_block(self, mma: Any, frags: Fragments, kb: int, index: Any) -> None:
+    def gemm_k_block(self, mma: Any, frags: Fragments, kb: int, index: Any, k_idx: Any,
+                     tile: Any) -> None:
         if self.wide:
             # both weights' tiles of this stage, as one tile 2 tn wide
             cute.gemm(mma, frags.acc_both, frags.wide_a[(None, None, kb, index)],
                       frags.wide_b[(None, None, kb, index)], frags.acc_both)
         else:
-            GemmOperands.gemm_k_block(self, mma, frags, kb, index)
+            GemmOperands.gemm_k_block(self, mma, frags, kb, index, k_idx, tile)
             # the up projection's tile: the doubled operand's slot stages + s, the other
             # operand's tile shared
             up_a = self.gemm.stages * (self.side == "a") + index

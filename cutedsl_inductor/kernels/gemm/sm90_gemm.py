@@ -44,6 +44,7 @@ from .epilogue import DirectStore, EpilogueHooks, TmaStore, epilogue_unit
 from .operands import Loads, make_operands
 from .ptx import EVICT_FIRST, EVICT_NORMAL, zero_after_release
 from .splitk import SplitKReduce, init_reduce_barriers, split_k_range
+from .transform_a import PrologueHooks, TransformedAOperands
 
 __all__ = ["Sm90Gemm"]
 
@@ -68,7 +69,7 @@ class Walk:
                                  self.cta_crd[1])
 
 
-class Sm90Gemm(EpilogueHooks):
+class Sm90Gemm(EpilogueHooks, PrologueHooks):
     """Persistent warp-specialized TMA + WGMMA GEMM for sm_90a.
 
     ``Sm90Gemm(config)`` or ``Sm90Gemm(**fields)``: a ``GemmConfig`` or its fields (the
@@ -98,7 +99,8 @@ class Sm90Gemm(EpilogueHooks):
         self.cooperative, self.pingpong = config.cooperative, config.pingpong
         self.store, self.split_k, self.swiglu = config.store, config.split_k, config.swiglu
         # the variants: what the mainloop multiplies, how a tile is stored, the K split
-        self.operands = make_operands(self, config.swiglu)
+        self.operands = (TransformedAOperands(self) if config.transform_a
+                         else make_operands(self, config.swiglu))
         self.output = TmaStore(self) if config.store == "tma" else DirectStore(self)
         self.reduction = SplitKReduce(self) if config.split_k > 1 else None
         # Math between the accumulator and the store (a fusion hook, or SwiGLU's) starts
@@ -135,8 +137,7 @@ class Sm90Gemm(EpilogueHooks):
 
     # -------------------------------------------------------- trace-time setup
     def _setup(self, a_dtype, b_dtype, c_dtype, a_layout, b_layout, c_layout):
-        if a_dtype not in (cutlass.BFloat16, cutlass.Float16) or a_dtype != b_dtype:
-            raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, got {a_dtype}/{b_dtype}")
+        self.operands.check_dtypes(a_dtype, b_dtype)
         if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32):
             raise ValueError(f"Sm90Gemm: unsupported output dtype {c_dtype}")
         if c_layout != LayoutEnum.ROW_MAJOR and self.store == "tma":
@@ -144,17 +145,13 @@ class Sm90Gemm(EpilogueHooks):
         self.a_dtype, self.b_dtype, self.c_dtype = a_dtype, b_dtype, c_dtype
         self.a_layout, self.b_layout = a_layout, b_layout
         c_bytes = c_dtype.width // 8
-        self.stages = self.config.ring_stages(a_dtype.width // 8, c_bytes)
+        self.stages = self.config.ring_stages(a_dtype.width // 8, c_bytes, b_dtype.width // 8)
         if self.stages < 2:
             raise ValueError(
                 f"Sm90Gemm: {self.requested_stages} stages of a {self.tile_m}x"
                 f"{self.tile_n}x{self.tile_k} tile do not fit in shared memory")
         self.epi_stages = epilogue_stages(c_bytes)
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            a_dtype, b_dtype, a_layout.sm90_mma_major_mode(),
-            b_layout.sm90_mma_major_mode(), self.acc_dtype, self.mma_atom_layout,
-            tiler_mn=(64, self.tile_n),
-        )
+        self.tiled_mma = self.operands.make_tiled_mma(a_layout, b_layout)
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         a_tiles, b_tiles = self.config.operand_tiles
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, a_dtype,
@@ -179,7 +176,7 @@ class Sm90Gemm(EpilogueHooks):
 
     @cute.jit
     def launch(self, mA, mB, mC, mBias, alpha, beta, stream, epi_args=None, mA_up=None,
-               mB_up=None, mTile=None):
+               mB_up=None, mTile=None, pro_args=None):
         """Trace-time body of ``__call__``. A fusing subclass defines its own ``__call__``
         with extra tensor arguments and forwards them here as ``epi_args`` (any pytree of
         tensors/scalars); they reach :meth:`epilogue_op` unchanged. ``mA_up`` / ``mB_up``:
@@ -187,8 +184,10 @@ class Sm90Gemm(EpilogueHooks):
         / ``mB``; only then). ``mTile``: an epilogue input laid out like C (same shape,
         dtype and strides; a residual), loaded by TMA into the store buffers ahead of each
         sub-tile and handed to :meth:`epilogue_tile_input` (16-bit C, ``store="tma"``, no
-        split-K). Python numbers as ``alpha`` / ``beta`` (the template's ALPHA and BETA)
-        are compile-time constants: a factor of 1 then costs no multiply."""
+        split-K). ``pro_args``: ``transform_a``'s pass-through to :meth:`prologue_op`
+        (``transform_a.py``; A then fp32, bf16 or fp16). Python numbers as ``alpha`` /
+        ``beta`` (the template's ALPHA and BETA) are compile-time constants: a factor of 1
+        then costs no multiply."""
         self.operands.check_weights(mA_up, mB_up)
         if cutlass.const_expr(self.swiglu != "" and mBias is not None):
             raise ValueError("Sm90Gemm: swiglu takes no bias")
@@ -213,7 +212,7 @@ class Sm90Gemm(EpilogueHooks):
         self.smem_struct = self._smem_struct()
         self.kernel(
             tma_a, tA, tma_b, tB, tma_up, t_up, tma_c, tC, tma_t, tT, mBias, alpha, beta,
-            epi_args, self.tiled_mma, self.operands.tiled_mma_up,
+            epi_args, pro_args, self.tiled_mma, self.operands.tiled_mma_up,
             self.cluster_layout(),
             self.sA_layout, self.sB_layout, self.operands.sB_up_layout, self.sC_layout,
             prob_m, prob_n, clusters_m, clusters_n, total_clusters, k_tiles,
@@ -372,6 +371,7 @@ class Sm90Gemm(EpilogueHooks):
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         epi_args,
+        pro_args,
         tiled_mma: cute.TiledMma,
         tiled_mma_up: cute.TiledMma,
         cluster_layout: cute.Layout,
@@ -440,6 +440,7 @@ class Sm90Gemm(EpilogueHooks):
         # trace-time state, as the layouts are: read inside the DSL's loops via self
         self.walk = Walk(self, clusters_m, clusters_n, total_clusters, cta_crd,
                          cute.arch.block_idx()[2], cute.arch.grid_dim()[2])
+        self.operands.bind(prob_m, cute.size(tA, mode=[1]), pro_args)
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -523,7 +524,8 @@ class Sm90Gemm(EpilogueHooks):
             store_warp = self.store_warp + pp_wg * 4
         thr_mma = tiled_mma.get_slice(ctid)
         c_view, reduce_view, up_view = views
-        frags = self.operands.fragments(tiled_mma, tiled_mma_up, wg_thread, sA, sB, up_view)
+        frags = self.operands.fragments(tiled_mma, tiled_mma_up, wg_thread, sA, sB, up_view,
+                                        ctid)
         if cutlass.const_expr(self.split_k > 1):
             self.reduction.setup(frags.acc, reduce_view(), *reduce_bars, ctid, split_rank,
                                  split_base)
@@ -575,7 +577,7 @@ class Sm90Gemm(EpilogueHooks):
             if linear > self.walk.start:
                 self.pingpong_wait_turn(pp_wg)
         read_state, free_state, mma = self.mainloop(ring, mma, frags, read_state, free_state,
-                                                    my_k_tiles)
+                                                    my_k_tiles, tile)
         tile_coords = self.output.tile_coords(coords)
         upcoming = self.output.first_inputs(tile_coords, tile[2], prob_m, prob_n, mBias,
                                             epi_args)
@@ -597,9 +599,10 @@ class Sm90Gemm(EpilogueHooks):
         return tiles_done + 1, linear + walk_stride, mma, read_state, free_state
 
     @cute.jit
-    def mainloop(self, ring, mma, frags, read_state, free_state, k_tiles):
-        """One tile's k-tiles, one WGMMA batch kept in flight; each stage is released once
-        the next one's WGMMAs are issued (the last one by ``release_last_stage``). The
+    def mainloop(self, ring, mma, frags, read_state, free_state, k_tiles, tile):
+        """One tile's k-tiles (of output ``tile``), one WGMMA batch kept in flight (the
+        operands' stage hooks); each stage is released once the next one's WGMMAs are
+        issued (the last one by ``release_last_stage``). The
         tile's first WGMMAs overwrite the accumulators (k >= 1, so there are some)
         instead of zeroing instructions between two tiles' mainloops; a split-K rank's K
         range may be empty: it zeroes them instead. Returns the advanced states and
@@ -609,13 +612,11 @@ class Sm90Gemm(EpilogueHooks):
             frags.acc.fill(0.0)
         for kt in range(k_tiles):
             ring.consumer_wait(read_state)
-            # per k-tile, as the compiler would otherwise inject it (ptxas C7519)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(frags.a, mode=[2])):
-                self.operands.gemm_k_block(mma, frags, kb, read_state.index)
+            self.operands.begin_stage()
+            for kb in cutlass.range_constexpr(self.operands.k_blocks(frags)):
+                self.operands.gemm_k_block(mma, frags, kb, read_state.index, kt, tile)
                 mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
+            self.operands.end_stage()
             if kt > 0:
                 ring.consumer_release(free_state)
                 free_state.advance()

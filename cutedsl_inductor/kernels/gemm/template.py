@@ -22,6 +22,9 @@ A problem that does not suit it gets no choice, with a debug log saying why.
 ``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``; the kernel's ``swiglu``
 "b", or "a" with swap-AB, where the weights are its A) for the lowering of
 ``cutedsl::swiglu_mm`` (``inductor/swiglu.py``).
+A fused prologue (``{{def_prologue("a")}}``: the scheduler's, on torch's ``a``) renders the
+kernel's ``transform_a`` variant, its A the prologue's source (``transform_a.py``); a
+swap-AB, SwiGLU or split-K choice claims no prologue, so it is not fused there.
 """
 
 from __future__ import annotations
@@ -64,12 +67,31 @@ from cutedsl_inductor.kernels.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, 
 {%- set tile_input = has_epilogue and tile_input_index is not none and STORE == "tma"
     and SPLIT_K is not defined %}
 
+{#- A fused prologue transforms the activation (torch's a, the kernel's A) as it is
+    loaded: the transform_a variant, which takes neither swap-AB, SwiGLU nor split-K. #}
+{%- set transform_a = has_prologue and SWAP_AB is not defined and SWIGLU is not defined
+    and SPLIT_K is not defined %}
+
 {{gen_defines()}}
+{%- if transform_a %}
+
+{{def_prologue("a")}}
+{%- endif %}
 {%- if has_epilogue %}
 
 {{def_epilogue(tile_input=tile_input)}}
+{%- endif %}
+{%- if has_epilogue or transform_a %}
 
 class {{kernel_name}}_Gemm(Sm90Gemm):
+{%- endif %}
+{%- if transform_a %}
+    @cute.jit
+    def prologue_op(self, value, m, k, l_idx, pro_args):
+        return {{kernel_name}}_prologue(value, {% if output_rank == 3 %}l_idx, {% endif %}m, k,
+                                        pro_args)
+{%- endif %}
+{%- if has_epilogue %}
     # Tail-tile values are computed at the nearest valid coordinate (their loads stay in
     # bounds) and then dropped by the store: no branches, loads the compiler can share.
     @cute.jit
@@ -114,21 +136,23 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 
 @cute.jit
 {% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
-    gemm = {% if has_epilogue %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
+    gemm = {% if has_epilogue or transform_a %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
         {%- if GROUP_SIZE is defined %} group_size=GROUP_SIZE,{% endif %}
         {%- if SWIGLU is defined %} swiglu=SWIGLU,{% endif %}
+        {%- if transform_a %} transform_a=True,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
-{%- if has_epilogue or SWIGLU is defined %}
+{%- if has_epilogue or SWIGLU is defined or transform_a %}
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 ALPHA, BETA, stream,
                 {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
                 {%- if tile_input %} mTile={{view_c}}({{epilogue_tile_input()}}),{% endif %}
-                {%- if SWIGLU is defined %} {{up_weight}},{% endif %})
+                {%- if SWIGLU is defined %} {{up_weight}},{% endif %}
+                {%- if transform_a %} pro_args={{prologue_inputs()}},{% endif %})
 {%- else %}
     gemm({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
          ALPHA, BETA, stream)
