@@ -191,12 +191,15 @@ def test_another_machine_compiles_nothing(tmp_path, share, request):
            "CUTEDSL_INDUCTOR_COMPILE_WORKERS": "0"}
     if share == "redis":
         env.update(request.getfixturevalue("redis_server").env())
+    # the project first, then whatever put CuTe DSL on the path (without it the lowering
+    # falls back to ATen and nothing compiles)
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
     def run(machine, *args, prelude=""):
         machine_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / machine / "inductor"),
                        "CUTEDSL_INDUCTOR_CACHE_DIR": str(tmp_path / machine / "kernels")}
         done = subprocess.run([sys.executable, "-c", prelude + FLEET_SCRIPT, *args], cwd=tmp_path,
-                              env={**machine_env, "PYTHONPATH": str(ROOT)},
+                              env={**machine_env, "PYTHONPATH": python_path},
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout.split()[-1]

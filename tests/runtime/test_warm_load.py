@@ -75,8 +75,9 @@ def test_a_warm_process_loads_its_kernels_without_cute_dsl(monkeypatch, tmp_path
 
     names = [d.targets[0].id for d in definitions]
     cache_dir = kernel_cache_dir if tier == "disk" else tmp_path / "another_machine"
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **remote_redis.env(), "CUTEDSL_INDUCTOR_CACHE_DIR": str(cache_dir),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": python_path}
     run = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "ours.py"),
                           json.dumps(names)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
