@@ -172,7 +172,7 @@ gemm_exhaustive: bool = _knob(
     "gemm_exhaustive", "CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False, Boolean(),
     "offer every GEMM config the kernel can run", changes_code=True)
 epilogue_fusion: bool = _knob(
-    "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", False, Boolean(),
+    "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "
     "into one", changes_code=True)
 prologue_fusion: bool = _knob(
