@@ -4,8 +4,10 @@ with an ``ArgumentTypeError`` that argparse prints as one line, before anything 
 from __future__ import annotations
 
 import argparse
+import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def parse_triples(form: str) -> Callable[[str], list[tuple[int, int, int]]]:
@@ -72,3 +74,33 @@ def output_folder(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r}: cannot make that folder "
                                          f"({err.strerror})") from None
     return Path(text)
+
+
+def read_csv_rows(path: Path, name: str, fields: Sequence[str],
+                  value: Callable[[str, str], Any]) -> list[dict[str, Any]]:
+    """The rows of a bench CSV (``path``, or ``path``/``name``), each cell as ``value(column,
+    text)`` makes it; ValueError where a column of ``fields`` is missing or no row is."""
+    with open(path / name if path.is_dir() else path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [key for key in fields if key not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"without the column(s) {', '.join(missing)}")
+        rows = [{key: value(key, text) for key, text in row.items()} for row in reader]
+    if not rows:
+        raise ValueError("no rows")
+    return rows
+
+
+def csv_rows(read: Callable[[Path], list[dict[str, Any]]], what: str
+             ) -> Callable[[str], list[dict[str, Any]]]:
+    """An argument type for ``--merge``: a run's folder or CSV file, read by ``read``;
+    refused as not a ``what`` CSV where it cannot be read or is not one."""
+    def parse(text: str) -> list[dict[str, Any]]:
+        try:
+            return read(Path(text))
+        except OSError as err:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
+        except (ValueError, csv.Error) as err:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what} CSV ({err})") from None
+    return parse

@@ -13,14 +13,14 @@ forward and backward; one x position per case, titled with the GPU and versions.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import math
 from pathlib import Path
 from typing import Any
 
-from .gemm_plot import MARKERS, geomean, ratio_axis, setup_line
+from .args import csv_rows, read_csv_rows
+from .gemm_plot import MARKERS, geomean, pyplot, ratio_axis, setup_line
 
 CASE_FIELDS = ["batch", "heads", "seq", "head_dim", "mask", "dtype"]
 REFS = ("triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn")  # what ours is compared with
@@ -90,29 +90,13 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``bench attention`` CSV (``path``, or ``path``/attention_bench.csv);
     ValueError where it is not one."""
-    with open(path / "attention_bench.csv" if path.is_dir() else path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [key for key in FIELDS if key not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"without the column(s) {', '.join(missing)}")
-        rows = [{key: value if key in TEXT_FIELDS else value == "True" if key == "ok" else
-                 int(value) if key in CASE_FIELDS else float(value or "nan")
-                 for key, value in row.items()} for row in reader]
-    if not rows:
-        raise ValueError("no rows")
-    return rows
+    return read_csv_rows(path, "attention_bench.csv", FIELDS, lambda key, text: (
+        text if key in TEXT_FIELDS else text == "True" if key == "ok" else
+        int(text) if key in CASE_FIELDS else float(text or "nan")))
 
 
-def parse_csv_rows(text: str) -> list[dict[str, Any]]:
-    """``--merge``: a run's folder (its attention_bench.csv) or a CSV file, read."""
-    try:
-        return read_rows(Path(text))
-    except OSError as err:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
-    except (ValueError, csv.Error) as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bench attention CSV "
-                                         f"({err})") from None
+# ``--merge``: a run's folder (its attention_bench.csv) or a CSV file, read
+parse_csv_rows = csv_rows(read_rows, "bench attention")
 
 
 def _series(ax: Any, rows: list[dict[str, Any]], cases: list[str], key: str,
@@ -162,13 +146,8 @@ def _ratio_panel(ax: Any, ours: list[dict[str, Any]], refs: tuple[str, ...], tit
 
 def write_plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Draw ``rows`` into ``path``: a PNG of at most 1600 x 1000 px."""
-    try:  # optional (the bench extra): without it, no plot
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
+    plt = pyplot()
+    if plt is None:
         return
     timed = [r for r in rows if not r["error"]]
     ours = [r for r in timed if r["variant"] == "ours"]

@@ -34,12 +34,14 @@ from ..autotune.scratch import scratch_graph
 from ..autotune.timing import fastest_by_median, interleaved_ms
 from ..compile import versions
 from .args import (
+    csv_rows,
     one_of,
     output_folder,
     parse_layouts,
     parse_rounds,
     parse_shapes,
     parse_shard,
+    read_csv_rows,
 )
 from .gemm_plot import geomean, write_plot
 from .timing import tflops_and_ratios
@@ -143,29 +145,12 @@ HEADER = (f"{'M':>6} {'N':>7} {'K':>6} {'dt':>4} {'B':>3} {'ours':>7} {'cuBLAS':
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``bench gemm`` CSV (``path``, or ``path``/gemm_bench.csv); ValueError
     where it is not one."""
-    with open(path / "gemm_bench.csv" if path.is_dir() else path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [key for key in BASE_FIELDS if key not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"without the column(s) {', '.join(missing)}")
-        rows = [{key: value if key in TEXT_FIELDS else
-                 (int(value) if key in "mnk" else float(value or "nan"))
-                 for key, value in row.items()}
-                for row in reader]
-    if not rows:
-        raise ValueError("no rows")
-    return rows
+    return read_csv_rows(path, "gemm_bench.csv", BASE_FIELDS, lambda key, text: (
+        text if key in TEXT_FIELDS else int(text) if key in "mnk" else float(text or "nan")))
 
 
-def parse_shard_rows(text: str) -> list[dict[str, Any]]:
-    """``--merge``: a shard's folder (its gemm_bench.csv) or a CSV file, read."""
-    try:
-        return read_rows(Path(text))
-    except OSError as err:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: cannot read {err.filename} ({err.strerror})") from None
-    except (ValueError, csv.Error) as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bench gemm CSV ({err})") from None
+# ``--merge``: a shard's folder (its gemm_bench.csv) or a CSV file, read
+parse_shard_rows = csv_rows(read_rows, "bench gemm")
 
 
 # a CSV of any version has these; the ratios' ranges over the rounds came later, and then

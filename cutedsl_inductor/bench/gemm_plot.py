@@ -44,6 +44,20 @@ def _ticks(low: float, high: float) -> list[float]:
     return sorted(kept)
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None (said on stdout) without
+    matplotlib, which is optional (the bench extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return None
+    return plt
+
+
 def ratio_axis(ax: Any, values: list[float]) -> None:
     """A log y axis of ratios spanning ``values`` (NaN ignored) and 0.95-1.05, its ticks
     ``_ticks``' and a line at 1."""
@@ -97,13 +111,8 @@ def _panel(ax: Any, rows: list[dict[str, Any]], ref: str, name: str,
 
 def write_plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Draw ``rows`` (``bench gemm``'s) into ``path`` (a PNG of at most 1600 px across)."""
-    try:  # optional (the bench extra): without it, no plot
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
+    plt = pyplot()
+    if plt is None:
         return
     shapes = sorted(dict.fromkeys((r["m"], r["n"], r["k"]) for r in rows),
                     key=lambda shape: (_group(shape), shape[0]))

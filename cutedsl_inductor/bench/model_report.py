@@ -8,6 +8,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from .gemm_plot import pyplot
+
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each row's speedup over max-autotune (and eager) of its family and workload, and
@@ -65,12 +67,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Bars of each compiled variant's speedup over max-autotune, per family and workload."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import torch
 
+    plt = pyplot()
+    if plt is None:
+        return
     shown = [r for r in rows if r["variant"] in ("default", "cutedsl")
              and "speedup_vs_max-autotune" in r]
     if not shown:
