@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 
 from .. import config
 from ..exc import CacheEntryError
-from . import versions
+from . import cache_inventory, versions
 from .cache_files import Folder, make_dirs
 from .integrity import check_seal, read_secret, seal
 from .objects import link_library, load_library, load_object, symbol_for
@@ -63,10 +63,6 @@ MANIFEST_FORMAT = 3
 # what a manifest says about its kernel, besides the key, size, digest and versions
 MANIFEST_FIELDS = ("kernel", "template", "arch", "path", "signature", "params")
 _KEY = re.compile(r"[0-9a-f]{64}")
-_FOLDER = re.compile(r"[0-9a-f]{2}")
-# the files of an entry, and its temp files while written (``Folder.write_atomic``)
-_ENTRY_FILE = re.compile(r"(?P<key>[0-9a-f]{64})\.(o|so|json|lock)")
-_TEMP_FILE = re.compile(r"\.(?P<key>[0-9a-f]{64})\.(o|so|json)\.[0-9a-f]{16}\.tmp")
 
 
 def default_root() -> Path:
@@ -91,13 +87,6 @@ class Mode:
     writable: bool
     secret: bytes | None  # None: the cache is off
     note: str | None  # why it is not read-write
-
-
-@dataclasses.dataclass
-class ClearResult:
-    removed: int = 0  # entries (manifests) removed
-    busy: int = 0  # entries being written by another process, left alone
-    errors: list[str] = dataclasses.field(default_factory=list)
 
 
 def _describe(err: Exception) -> str:
@@ -195,77 +184,16 @@ class KernelDiskCache:
             return False
         return stat.S_ISREG(manifest.st_mode)
 
-    # -- maintenance ---------------------------------------------------------------
-
-    def _folders(self) -> Iterator[Folder]:
-        """The root's entry folders (real folders named like ``key[:2]``); none if the
-        root is no folder."""
-        try:
-            root = Folder.open_root(self.root)
-        except OSError:
-            return
-        with root:
-            for name in sorted(root.names()):
-                if not _FOLDER.fullmatch(name):
-                    continue
-                try:
-                    folder = root.child(name)  # no symlink, no file
-                except OSError:
-                    continue
-                with folder:
-                    yield folder
-
-    def _keys(self, folder: Folder) -> dict[str, list[str]]:
-        """key -> its file names in ``folder`` (entry files and temp files)."""
-        keys: dict[str, list[str]] = {}
-        for name in folder.names():
-            match = _ENTRY_FILE.fullmatch(name) or _TEMP_FILE.fullmatch(name)
-            if match and match["key"][:2] == folder.path.name:
-                keys.setdefault(match["key"], []).append(name)
-        return keys
+    # -- maintenance (``cache_inventory.py``) ---------------------------------------
 
     def entries(self) -> list[dict[str, Any]]:
         """The manifest of each entry, with "verified" (its seal and key check out) or
         "corrupt", and "disk_bytes" (what its files take)."""
-        found = []
-        secret = self.mode.secret
-        for folder in self._folders():
-            for key, names in sorted(self._keys(folder).items()):
-                if not folder.is_file(f"{key}.json"):
-                    continue
-                try:
-                    manifest = json.loads(folder.read(f"{key}.json"))
-                    manifest["verified"] = bool(secret and check_seal(secret, manifest)
-                                                and manifest.get("key") == key)
-                except FileNotFoundError:
-                    continue  # no entry (yet, or any more)
-                except (OSError, ValueError, TypeError, AttributeError):
-                    manifest = {"corrupt": True}
-                size = sum(folder.file_size(name) for name in names)
-                found.append({**manifest, "key": key, "disk_bytes": size})
-        return found
+        return cache_inventory.entries(self.root, self.mode.secret)
 
-    def clear(self) -> ClearResult:
+    def clear(self) -> cache_inventory.ClearResult:
         """Remove every entry not being written right now (its lock held)."""
-        result = ClearResult()
-        for folder in self._folders():
-            for key, names in sorted(self._keys(folder).items()):
-                try:
-                    lock = folder.lock(f"{key}.lock", blocking=False)
-                    if lock is None:
-                        result.busy += 1
-                        continue
-                    try:
-                        result.removed += folder.unlink_file(f"{key}.json")
-                        for name in names:
-                            if not name.endswith(".lock"):
-                                folder.unlink_file(name)
-                        folder.unlink_file(f"{key}.lock")  # waiters then lock anew
-                    finally:
-                        os.close(lock)
-                except OSError as err:
-                    result.errors.append(f"{folder.path / key}: {_describe(err)}")
-        return result
+        return cache_inventory.clear(self.root)
 
 
 @dataclasses.dataclass
