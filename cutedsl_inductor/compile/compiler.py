@@ -53,9 +53,12 @@ log = logging.getLogger(__name__)
 # key -> compiled callable; guarded by _COMPILE_LOCK (CuTe's compiler is not re-entrant)
 _COMPILED: dict[str, Any] = {}
 _COMPILE_LOCK = threading.RLock()
-# how many CuTe compilations this process ran (benchmarks and tests read it)
+# where this process's kernels came from, and the seconds each origin took (benchmarks and
+# tests read it; ``bench/first_call.py``): the remote tier's fetch (one round trip) and
+# adopt (stored on disk, the library linked, loaded) apart
 stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "disk_misses": 0, "remote_hits": 0,
-                           "memory_hits": 0, "disk_load_s": 0.0}
+                           "memory_hits": 0, "disk_load_s": 0.0, "remote_fetch_s": 0.0,
+                           "remote_adopt_s": 0.0, "compile_s": 0.0}
 
 
 def entry_name(kernel_name: str) -> str:
@@ -186,7 +189,10 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
     """The function of ``key``'s entry in the remote tier, stored in ``entry`` (recorded
     for the cache artifacts), or None: no tier, no entry, or one that does not load."""
     tier = default_tier()
+    start = time.perf_counter()
     fetched = tier.fetch("kernel", key) if tier is not None else None
+    fetched_at = time.perf_counter()
+    stats["remote_fetch_s"] += fetched_at - start
     if fetched is None:
         return None
     fields = manifest_fields(describe)
@@ -196,6 +202,8 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
         log.warning("CuteDSL kernel %s from the remote cache does not load (%s: %s); "
                     "compiling it", describe.get("kernel"), type(err).__name__, err)
         return None
+    finally:
+        stats["remote_adopt_s"] += time.perf_counter() - fetched_at
     stats["remote_hits"] += 1
     record_artifact("kernel", key, fetched[1], fields)
     return function
@@ -255,11 +263,10 @@ def _compile(
         compiled = cute.compile(entry_fn, *args, options=options)
     except Exception as err:
         raise compile_error(describe, arch, err) from err
+    seconds = time.perf_counter() - start
     stats["compiled"] += 1
-    log.info(
-        "compiled CuteDSL kernel %s for %s in %.2f s",
-        describe.get("kernel"), arch, time.perf_counter() - start,
-    )
+    stats["compile_s"] += seconds
+    log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.get("kernel"), arch, seconds)
     return compiled
 
 
@@ -299,10 +306,12 @@ class JitOnce:
             if key in self.compiled:
                 return self.compiled[key]
             options = compile_options(self.arch, False)
+            start = time.perf_counter()
             try:
                 compiled = cute.compile(self.fn, *args, options=options)
             except Exception as err:
                 raise compile_error(self.describe, self.arch, err) from err
             stats["compiled"] += 1
+            stats["compile_s"] += time.perf_counter() - start
             self.compiled[key] = compiled
             return compiled

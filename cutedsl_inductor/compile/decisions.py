@@ -38,8 +38,9 @@ FOLDER = "decisions"
 FORMAT = 1
 # the names the store owns in its folder: decisions, and their temp files while written
 _NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.[0-9a-f]{16}\.tmp")
-# this process's lookups: where each was answered
-stats: dict[str, int] = {"local_hits": 0, "remote_hits": 0, "misses": 0, "saved": 0}
+# this process's lookups: where each was answered, and their seconds in all
+stats: dict[str, float] = {"local_hits": 0, "remote_hits": 0, "misses": 0, "saved": 0,
+                           "lookup_s": 0.0}
 
 
 def decision_key(kind: str, material: Any) -> str:
@@ -50,6 +51,14 @@ def decision_key(kind: str, material: Any) -> str:
 
 def lookup(key: str) -> Any | None:
     """The decision stored for ``key`` locally or remotely, or None."""
+    start = time.perf_counter()
+    try:
+        return _lookup(key)
+    finally:
+        stats["lookup_s"] += time.perf_counter() - start
+
+
+def _lookup(key: str) -> Any | None:
     value = _read(key)
     if value is not None:
         stats["local_hits"] += 1

@@ -27,6 +27,7 @@ import hashlib
 import linecache
 import logging
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ kernel_code_log = torch._logging.getArtifactLogger("torch._inductor.cutedsl_indu
 
 # sha256 of a source -> the module executed from it
 _MODULES: dict[str, types.ModuleType] = {}
+# this process's load_kernel calls and their seconds in all, whatever each kernel's origin
+# (the compiler's stats split them; ``bench/first_call.py`` reads both)
+stats: dict[str, float] = {"calls": 0, "seconds": 0.0}
 
 
 def write_source(source: str) -> tuple[str, str]:
@@ -107,6 +111,16 @@ def load_kernel(
     template: str | None = None,
     params: dict[str, Any] | None = None,
 ) -> CuteDSLKernelWrapper:
+    start = time.perf_counter()
+    try:
+        return _load(kernel_name, source, specs, template, params)
+    finally:
+        stats["calls"] += 1
+        stats["seconds"] += time.perf_counter() - start
+
+
+def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
+          params: dict[str, Any] | None) -> CuteDSLKernelWrapper:
     key = kernel_key(kernel_name, source, specs)
     describe = {"kernel": kernel_name, "template": template, "params": params or {},
                 "path": source_file(source)[1],

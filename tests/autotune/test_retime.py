@@ -76,7 +76,8 @@ def test_a_retiming_is_timed_once_for_every_process_and_machine(timings, remote_
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "b"))
     assert retime.fastest_in_rounds(calls, "64x64") == ("b", {})
     assert timings == [["a", "b"]]
-    assert decisions.stats == {"local_hits": 1, "remote_hits": 1, "misses": 1, "saved": 1}
+    assert decisions.stats == {"local_hits": 1, "remote_hits": 1, "misses": 1, "saved": 1,
+                               "lookup_s": pytest.approx(decisions.stats["lookup_s"])}
 
 
 def test_a_decision_is_reused_only_for_the_same_candidates_sizes_and_gpu(timings,

@@ -28,8 +28,15 @@ def test_a_compile_publishes_and_another_machine_loads_it(graph, remote_redis, t
     assert entry["verified"] and entry["template"] == "elementwise_add"
     assert entry["params"] == {"THREADS": "128", "VECTOR": "4"}
     assert load_on(graph, monkeypatch, tmp_path / "b").origin == "disk"
+    traffic = {name: remote_cache.stats.pop(name) for name in
+               ("round_trips", "bytes_read", "bytes_written", "seconds")}
     assert remote_cache.stats == {"hits": 1, "misses": 1, "rejected": 0, "published": 1,
                                   "errors": 0}
+    # a's miss and publication, b's fetch of what a published (the bytes it wrote)
+    assert traffic["round_trips"] == 3 and traffic["bytes_read"] == traffic["bytes_written"] > 0
+    assert 0 < traffic["seconds"] < 5
+    assert compiler.stats["compile_s"] > 0 and compiler.stats["remote_adopt_s"] > 0
+    assert compiler.stats["remote_fetch_s"] > 0
 
 
 def test_the_value_is_a_portable_entry_bound_to_its_key(graph, remote_redis, tmp_path,
