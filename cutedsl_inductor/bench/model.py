@@ -22,6 +22,8 @@ the loss and every parameter's gradient) is checked against an fp32 copy of the 
 its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
 for ``train`` a second step must also double the gradients (accumulation into them);
 a step after the timed ones (under CUDA graphs, a replay) is checked the same way.
+Each first call, cold and warm, is broken down (``first_call.py``: torch's compile and
+its parts, ours, the rest; ``fc_*`` and ``warm_fc_*`` columns, a line under the row).
 Prints the table, writes ``--out``/model_bench.csv and model_bench.png (speedups over
 max-autotune first).
 """
@@ -45,6 +47,7 @@ from typing import Any
 from .. import config
 from ..autotune import retime
 from ..compile import compiler
+from . import first_call
 from .args import one_of, output_folder, parse_count
 from .model_profile import profile_steps, table
 from .model_report import add_ratios, line, plot, summary, write_csv
@@ -174,10 +177,12 @@ def measure(case: Case) -> dict[str, Any]:
         eager_error = _rel_errors(_outputs(model, _step(model, ids, train), train), refs)
         model.zero_grad(set_to_none=True)
         runner = _compiled(case, model)
+        recorder = first_call.Recorder()
         start = time.perf_counter()
         result = _step(runner, ids, train)
         torch.cuda.synchronize()
         first_call_s = time.perf_counter() - start
+        breakdown = recorder.columns(first_call_s) if case.variant != "eager" else {}
         outputs = _outputs(model, result, train)
         error = _rel_errors(outputs, refs)
         if train:  # a second step adds its gradients to the first's
@@ -204,7 +209,7 @@ def measure(case: Case) -> dict[str, Any]:
             + counters["inductor"]["fxgraph_cache_pickle_error"],
             "retimed": len(retime._WINNERS),
             # a warm process's kernels load without CuTe DSL (``runtime/loader.py``)
-            "cutlass_imported": "cutlass" in sys.modules, **gpu}
+            "cutlass_imported": "cutlass" in sys.modules, **breakdown, **gpu}
 
 
 def _median_step_ms(step: Any, model: Any, case: Case) -> float:
@@ -280,9 +285,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             row.update(first_call_warm_s=warm["first_call_s"], warm_ok=warm["ok"],
                        warm_cute_compiled=warm["cute_compiled"], warm_fx_hits=warm["fx_hits"],
                        warm_fx_misses=warm["fx_misses"], warm_autotunings=warm["autotunings"],
-                       warm_retimed=warm["retimed"])
+                       warm_retimed=warm["retimed"],
+                       warm_cutlass_imported=warm["cutlass_imported"],
+                       **{f"warm_{k}": v for k, v in warm.items() if k.startswith("fc_")})
         rows.append(row)
         print(line(row), flush=True)
+        for text in (first_call.describe(row), first_call.describe(row, warm=True)):
+            if text:
+                print(f"    first call {text}", flush=True)
         write_csv(rows, args.out / "model_bench.csv")
     add_ratios(rows)
     write_csv(rows, args.out / "model_bench.csv")

@@ -1,0 +1,91 @@
+"""``bench model``'s first-call breakdown on CPU: torch's figures from a real
+torch.compile of a small function (cold, then its FX graph cache hit, with Inductor's
+remote FX graph cache on a real Redis), ours from real GPU-less kernel loads (compiled on
+one machine, fetched from the remote tier on another), and the line and CSV cells."""
+
+import time
+
+import pytest
+import torch
+
+from cutedsl_inductor.bench.first_call import OURS, TORCH_COUNTS, TORCH_TIMES, Recorder, describe
+from cutedsl_inductor.bench.model_report import write_csv
+from tests.compile.test_remote_cache import load_on
+
+
+def fn(x, w):
+    return torch.relu(x @ w).sum(1).softmax(0) * 3
+
+
+def first_call(compiled, *args):
+    recorder = Recorder()
+    begin = time.perf_counter()
+    compiled(*args)
+    seconds = time.perf_counter() - begin
+    return seconds, recorder.columns(seconds)
+
+
+def test_a_cold_compile_then_its_cache_hit(tmp_path, monkeypatch, redis_server):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TORCHINDUCTOR_REDIS_PORT", str(redis_server.port))
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_remote_cache", True)
+    args = torch.randn(32, 48), torch.randn(48, 40)
+    torch._dynamo.reset()
+    seconds, cold = first_call(torch.compile(fn), *args)
+    assert cold["fc_fx_cache_misses"] == 1 and cold["fc_fx_cache_hits"] == 0
+    assert 0 < cold["fc_inductor_s"] < cold["fc_compile_s"] <= seconds
+    assert cold["fc_rest_s"] == pytest.approx(seconds - cold["fc_compile_s"])
+    assert cold["fc_dynamo_s"] > 0 and cold["fc_backward_compile_s"] == 0
+    assert "compile_file" in cold["fc_torch_top"]  # the C++ compile, under the containers
+    assert "_compile.compile_inner" not in cold["fc_torch_top"]
+    # Inductor's remote FX graph cache: looked up (a miss), then written
+    assert cold["fc_inductor_remote_gets"] >= 1 and cold["fc_inductor_remote_puts"] >= 1
+    assert "RemoteFxGraphCache" in cold["fc_remote_by_cache"]
+    assert cold["fc_load_kernel_calls"] == 0 and cold["fc_cute_compiled"] == 0
+
+    torch._dynamo.reset()  # a new frame compile: the cached graph is loaded
+    seconds, warm = first_call(torch.compile(fn), *args)
+    assert warm["fc_aot_cache_hits"] + warm["fc_fx_cache_hits"] >= 1
+    assert warm["fc_inductor_s"] == 0 and warm["fc_autotune_s"] == 0
+    assert 0 < warm["fc_cache_load_s"] < warm["fc_compile_s"] <= seconds
+    assert warm["fc_output_code_s"] <= warm["fc_cache_load_s"]
+
+
+def test_our_kernels_by_origin_and_the_remote_tier(graph, remote_redis, tmp_path, monkeypatch):
+    recorder = Recorder()
+    load_on(graph, monkeypatch, tmp_path / "a")  # compiled, published
+    first = recorder.columns(1.0)
+    assert first["fc_cute_compiled"] == 1 and first["fc_cute_compile_s"] > 0
+    assert first["fc_load_kernel_calls"] == 1
+    assert first["fc_load_kernel_s"] >= first["fc_cute_compile_s"]
+    assert first["fc_redis_round_trips"] == 2  # the miss and the publication
+    assert first["fc_redis_bytes_written"] > 0 and first["fc_cute_remote"] == 0
+
+    recorder = Recorder()
+    load_on(graph, monkeypatch, tmp_path / "b")  # another machine: fetched and adopted
+    second = recorder.columns(1.0)
+    assert second["fc_cute_compiled"] == 0 and second["fc_cute_remote"] == 1
+    assert second["fc_redis_round_trips"] == 1
+    assert second["fc_redis_bytes_read"] == first["fc_redis_bytes_written"]
+    assert second["fc_cute_remote_fetch_s"] > 0 and second["fc_cute_remote_adopt_s"] > 0
+    assert second["fc_load_kernel_s"] >= (second["fc_cute_remote_fetch_s"]
+                                          + second["fc_cute_remote_adopt_s"])
+    # our tier is Inductor's RemoteCache too: timed by the hook, kept apart from Inductor's
+    assert "get CuteDSLRemoteCache 1" in second["fc_remote_by_cache"]
+    assert second["fc_inductor_remote_gets"] == 0
+
+
+def test_the_line_and_the_csv_cells(tmp_path):
+    columns = Recorder().columns(0.5)  # nothing ran: every column, each 0 or None
+    assert set(TORCH_TIMES) | set(TORCH_COUNTS) | set(OURS) <= set(columns)
+    row = {"first_call_s": 0.5, "first_call_warm_s": 0.25, "cutlass_imported": False,
+           **columns, **{f"warm_{k}": v for k, v in columns.items()}}
+    row["warm_fc_cute_remote"], row["warm_fc_compile_s"] = 48, None
+    cold, warm = describe(row), describe(row, warm=True)
+    assert cold.startswith("cold 0.50 s = compile ") and "cutlass not imported" in cold
+    assert warm.startswith("warm 0.25 s = compile ? [") and "remote 48: fetch" in warm
+    assert describe({"first_call_s": 1.0}) == ""  # a row without a breakdown
+    write_csv([row], tmp_path / "rows.csv")
+    header, values = (tmp_path / "rows.csv").read_text().splitlines()
+    cells = dict(zip(header.split(","), values.split(","), strict=True))
+    assert cells["warm_fc_compile_s"] == "" and cells["warm_fc_cute_remote"] == "48"
