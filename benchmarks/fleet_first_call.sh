@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue #37 on a GPU machine: two "machines" (fresh local caches each: bench model makes
+# them per run) sharing one Redis, Llama prefill, max-autotune (Inductor's FX-graph and
+# autotune remote caches) and cutedsl (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). Run 1:
+# cold, then local-warm; run 2: its cold process is remote-warm, then local-warm. Each
+# first call's breakdown is the "first call" lines under each row (bench/first_call.py).
+#
+# From the repository root, carrying .device/b .device/r (install.sh, its wheels; the
+# redis wheel and server .debs); $OUT collects the logs, CSVs and the children's logs.
+# RUN_S: each run's limit (default 280 s). A run past it is ended whole: setsid gives it a
+# session, timeout signals that process group (TERM, KILL 5 s later), and every process
+# still carrying the run's tag in its environment (a child in a session of its own) is
+# ended by its pid.
+set -u
+. .device/b/install.sh
+python3 -m pip install -q --no-index --no-deps --target /root/site2 .device/r/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PYTHONPATH:/root/site2
+mkdir -p /root/redis && for d in .device/r/*.deb; do dpkg -x "$d" /root/redis; done
+export LD_LIBRARY_PATH=/root/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+/root/redis/usr/bin/redis-server --port 6390 --bind 127.0.0.1 --save '' --daemonize yes \
+  --logfile "$OUT/redis.log"; sleep 1
+export TORCHINDUCTOR_REDIS_PORT=6390 CUTEDSL_INDUCTOR_REMOTE_CACHE=1 \
+  TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=1
+
+reap() {  # end every process whose environment holds the tag $1, by pid
+  local pids
+  pids=$(grep -lsz "^CUTEDSL_FLEET_RUN=$1\$" /proc/[0-9]*/environ | cut -d/ -f3)
+  [ -z "$pids" ] && return
+  echo "reaping run $1's leftover processes: $pids"
+  kill -TERM $pids 2>/dev/null; sleep 5; kill -KILL $pids 2>/dev/null
+}
+
+for r in 1 2; do
+  t0=$(date +%s)
+  CUTEDSL_FLEET_RUN=$r setsid --wait timeout --kill-after=5 -s TERM "${RUN_S:-280}" \
+    python3 -m cutedsl_inductor bench model --families llama --workloads prefill \
+    --variants max-autotune,cutedsl --fusion on --steps 10 --out "$OUT/remote$r" \
+    > "$OUT/remote$r.log" 2>&1
+  echo "run $r rc $? in $(( $(date +%s) - t0 )) s"
+  reap $r
+  grep -E "^llama|first call" "$OUT/remote$r.log"
+done
+/root/redis/usr/bin/redis-cli -p 6390 info stats 2>/dev/null | grep -E "keyspace|total_net" || true
+tar czf "$OUT/remote_logs.tgz" /tmp/cutedsl-bench-model-*/*/logs 2>/dev/null
