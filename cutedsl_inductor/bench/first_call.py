@@ -112,7 +112,6 @@ def _timed(method: Callable[..., Any], action: str) -> Callable[..., Any]:
         finally:
             _count(f"{action} {type(self).__name__}", time.perf_counter() - start)
 
-    timed._first_call_timer = True  # type: ignore[attr-defined]
     return timed
 
 
@@ -123,7 +122,7 @@ def install_hooks() -> None:
 
     for action in ("get", "put"):
         method = getattr(RemoteCache, action, None)
-        if method is not None and not getattr(method, "_first_call_timer", False):
+        if method is not None:
             setattr(RemoteCache, action, _timed(method, action))
     try:
         from triton import knobs
