@@ -7,18 +7,21 @@
 #
 # From the repository root, carrying .device/b .device/r (install.sh, its wheels; the
 # redis wheel and server .debs); $OUT collects the logs, CSVs and the children's logs.
-# RUN_S: each run's limit (default 280 s). A run past it is ended whole: setsid gives it a
-# session, timeout signals that process group (TERM, KILL 5 s later), and every process
-# still carrying the run's tag in its environment (a child in a session of its own) is
-# ended by its pid.
+# RUNS: which runs (default "1 2"; "1" then "2" in two calls on the same machine: Redis
+# keeps running between them). RUN_S: each run's limit (default 280 s). A run past it is
+# ended whole: setsid gives it a session, timeout signals that process group (TERM, KILL
+# 5 s later), and every process still carrying the run's tag in its environment (one in a
+# session of its own, or one that survived TERM) is ended by its pid.
 set -u
 . .device/b/install.sh
 python3 -m pip install -q --no-index --no-deps --target /root/site2 .device/r/*.whl 2>&1 | tail -2
 export PYTHONPATH=$PYTHONPATH:/root/site2
 mkdir -p /root/redis && for d in .device/r/*.deb; do dpkg -x "$d" /root/redis; done
 export LD_LIBRARY_PATH=/root/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-/root/redis/usr/bin/redis-server --port 6390 --bind 127.0.0.1 --save '' --daemonize yes \
-  --logfile "$OUT/redis.log"; sleep 1
+if ! /root/redis/usr/bin/redis-cli -p 6390 ping >/dev/null 2>&1; then
+  /root/redis/usr/bin/redis-server --port 6390 --bind 127.0.0.1 --save '' --daemonize yes \
+    --logfile /root/redis/redis.log; sleep 1
+fi
 export TORCHINDUCTOR_REDIS_PORT=6390 CUTEDSL_INDUCTOR_REMOTE_CACHE=1 \
   TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=1
 
@@ -30,7 +33,7 @@ reap() {  # end every process whose environment holds the tag $1, by pid
   kill -TERM $pids 2>/dev/null; sleep 5; kill -KILL $pids 2>/dev/null
 }
 
-for r in 1 2; do
+for r in ${RUNS:-1 2}; do
   t0=$(date +%s)
   CUTEDSL_FLEET_RUN=$r setsid --wait timeout --kill-after=5 -s TERM "${RUN_S:-280}" \
     python3 -m cutedsl_inductor bench model --families llama --workloads prefill \
@@ -41,4 +44,5 @@ for r in 1 2; do
   grep -E "^llama|first call" "$OUT/remote$r.log"
 done
 /root/redis/usr/bin/redis-cli -p 6390 info stats 2>/dev/null | grep -E "keyspace|total_net" || true
+cp /root/redis/redis.log "$OUT/" 2>/dev/null
 tar czf "$OUT/remote_logs.tgz" /tmp/cutedsl-bench-model-*/*/logs 2>/dev/null
