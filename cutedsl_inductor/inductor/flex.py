@@ -48,7 +48,7 @@ import contextlib
 import functools
 import importlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import config
@@ -71,15 +71,20 @@ def _warn_once(message: str) -> None:
 def _split_options(args: tuple[Any, ...], kwargs: dict[str, Any],
                    index: int = _FORWARD_OPTIONS_ARG) -> tuple[tuple, dict, bool]:
     """The HOP's arguments with our key removed from kernel_options (argument ``index``),
-    and its value."""
+    and its value; unchanged and False where no mapping is there (a torch whose HOP
+    takes its arguments otherwise: warned once, never an error in the user's compile)."""
     args, kwargs = list(args), dict(kwargs)
+    found = args[index] if len(args) > index else kwargs.get("kernel_options", {})
+    if not isinstance(found, Mapping):
+        _warn_once(f"CuteDSL flex_attention: this torch's flex HOP has no kernel_options "
+                   f"mapping at argument {index} (found {type(found).__name__}): no "
+                   f"CuteDSL choice")
+        return tuple(args), kwargs, False
+    options = dict(found)
+    asked = bool(options.pop(OPTION, False))
     if len(args) > index:
-        options = dict(args[index])
-        asked = bool(options.pop(OPTION, False))
         args[index] = options
     else:
-        options = dict(kwargs.get("kernel_options", {}))
-        asked = bool(options.pop(OPTION, False))
         kwargs["kernel_options"] = options
     return tuple(args), kwargs, asked
 

@@ -213,6 +213,15 @@ def test_our_option_is_removed_before_inductor_sees_it():
     assert not asked and kwargs == {"kernel_options": {}}
 
 
+def test_options_not_where_expected_leave_the_arguments_alone(caplog):
+    """A torch whose HOP had moved its kernel_options: Inductor's lowering runs unchanged."""
+    args = (*range(6), None, "fw", "joint", (), 0.125, {"CUTEDSL": True}, (), ())
+    with caplog.at_level("WARNING", logger=flex.__name__):
+        same, kwargs, asked = flex._split_options(args, {})  # argument 6 is grad_logsumexp
+    assert same == args and kwargs == {} and not asked
+    assert "no kernel_options mapping at argument 6 (found NoneType)" in caplog.text
+
+
 def test_install_wraps_the_flex_lowerings_once():
     from torch._inductor.lowering import lowerings
 
