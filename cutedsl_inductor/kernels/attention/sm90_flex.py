@@ -1,18 +1,39 @@
 """FlexAttention forward for Hopper (sm_90a) in CuTe DSL: TMA loads, WGMMA, a producer
-warp and two consumer warpgroups, online softmax, flex's block sparsity.
+warp and two consumer warpgroups, online softmax overlapped with the GEMMs, flex's block
+sparsity.
 
-One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0)
-loads Q once (two 64-row halves) and then, for every KV tile the BlockMask lists, K's
-and V's tiles into a ``stages``-deep smem ring (``PipelineTmaAsync``: one mbarrier
-pair per stage, K and V in one stage). Consumer warpgroup w (1, 2) owns Q rows
-``64 (w - 1) ..`` of the tile: per KV tile S = Q K^T (WGMMA from smem), then per
-accumulator element ``score_mod`` on ``S * sm_scale`` and, in partial blocks only,
-``mask_mod`` (-inf where it is False); elements past KV_LEN are -inf. The row max and
-sum are fp32 in log2 units (exp2 of ``score * log2 e``); P is converted to the input
+One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0;
+24 registers a thread, the consumers 240: ``setmaxnreg``) loads Q once (two 64-row
+halves) and then, for every KV tile the BlockMask lists, K's tile into one
+``stages``-deep smem ring and V's into another (``PipelineTmaAsync`` each: one mbarrier
+pair per stage; the rings advance together, so a tile's K and V share a slot index).
+Consumer warpgroup w (1, 2) owns Q rows ``64 (w - 1) ..`` of the tile: per KV tile S =
+Q K^T (WGMMA from smem), then per accumulator element ``score_mod`` on ``S * sm_scale``
+and, in partial blocks only, ``mask_mod`` (-inf where it is False); elements past
+KV_LEN are -inf (the mask and bounds work is skipped in a full block's tile within
+KV_LEN). The row max and sum are fp32 in log2 units: p = exp2(s log2e - m), one FFMA and
+one ex2; the max and sum over a thread's values are trees, the max across the row's 4
+threads shuffles, the sums stay per thread until the end. P is converted to the input
 dtype in registers and O += P V by WGMMA with A from registers. The end: O / l stored
 (rows past Q_LEN dropped), LSE = m + log2(l) and the row max, both in log2 units as
 Inductor's flex kernel stores them (the HOP's caller scales them by ln 2); a row that
 no key reaches gets O = 0, LSE = -inf, max = -inf (as Triton's).
+
+The mainloop (``FlexConfig.pipelined``; False: the serial loop, S, softmax, P V, each
+GEMM waited for at once): tile 0's S alone, then per tile t the WGMMAs S_t = Q K_t^T and
+O += P_{t-1} V_{t-1} are issued back to back as two commit groups; ``wait_group(1)``
+(S_t is in, K_t's slot released) lets the mask and softmax of S_t run while the P V GEMM
+is still on the tensor cores; ``wait_group(0)`` then releases V_{t-1}'s slot, and only
+after it are O rescaled and P_t written (both are that GEMM's registers); the last P V
+after the loop. Invariants: no register an in-flight WGMMA reads or writes is touched
+before its wait; a slot is released only after the GEMM reading it is waited for; a
+WGMMA's ACCUMULATE field is set in the body of the loop or branch it is issued in (a
+TiledMma set only inside a helper is not carried out of the caller's region). ptxas
+hoists a wgmma wait to the top of the basic block it sits in, so ``scores_step`` traces
+the softmax into both arms of its mask branch: the join, and with it the wait, come
+after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX order).
+The two warpgroups are not ping-ponged: their GEMMs and softmaxes interleave as the
+warp schedulers take them.
 
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
@@ -32,7 +53,9 @@ K/V batch of 1 broadcasts. LSE and max are (B, H, Q_LEN) fp32.
 
 Failure semantics: a ``FlexConfig`` that cannot run raises ``ValueError`` at
 construction; operand dtypes or strides the kernel cannot take raise ``ValueError``
-while tracing, before any MLIR is emitted (the choice is then dropped).
+while tracing, before any MLIR is emitted (the choice is then dropped). On the device,
+a producer and consumers walking different lists, or a ring released twice or never,
+hangs the CTA (mbarrier waits do not time out).
 """
 
 import operator
