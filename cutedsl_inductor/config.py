@@ -198,6 +198,10 @@ flex_only_ours: bool = _knob(
     "where our FlexAttention is switched on, offer it alone (Inductor's Triton choices "
     "dropped; a problem ours refuses fails to compile, naming why): what `bench attention` "
     "times", changes_code=True)
+flex_pipelined: bool = _knob(
+    "flex_pipelined", "CUTEDSL_INDUCTOR_FLEX_PIPELINED", True, Boolean(),
+    "our FlexAttention forward overlaps its softmax with its two GEMMs (off: the serial "
+    "mainloop, to compare)", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

@@ -156,6 +156,14 @@ def test_causal(monkeypatch, head_dim, q_len, mask_per_head):
           mask_per_head=mask_per_head)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask_mod", [None, causal])
+def test_the_serial_mainloop(monkeypatch, head_dim, mask_mod):
+    """``config.flex_pipelined`` off: each GEMM waited for at once, no softmax overlap."""
+    with config.patch(flex_pipelined=False):
+        check(1000, 1000, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
+
+
 @pytest.mark.parametrize("q_len", [512, 777])
 def test_sliding_window(monkeypatch, q_len):
     check(q_len, q_len, monkeypatch, mask_mod=sliding_window, dtype=torch.float16)

@@ -24,6 +24,7 @@ class FlexConfig:
     sparse_kv_block: int  # its KV block size (a multiple of block_n)
     has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
     sm_scale: float
+    pipelined: bool = True  # softmax overlapped with the GEMMs (False: the serial mainloop)
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
@@ -52,7 +53,8 @@ class FlexConfig:
 
 
 def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
-                    has_full_blocks: bool, sm_scale: float) -> list[FlexConfig]:
+                    has_full_blocks: bool, sm_scale: float,
+                    pipelined: bool = True) -> list[FlexConfig]:
     """The configs offered for a problem, best guess first; those that do not fit are
     left out (an empty list: nothing suits)."""
     shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
@@ -60,7 +62,7 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
     for block_n, stages in shapes:
         try:
             out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
-                                  has_full_blocks, sm_scale))
+                                  has_full_blocks, sm_scale, pipelined))
         except ValueError:
             continue
     return out

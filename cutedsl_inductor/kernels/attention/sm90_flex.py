@@ -1,18 +1,39 @@
 """FlexAttention forward for Hopper (sm_90a) in CuTe DSL: TMA loads, WGMMA, a producer
-warp and two consumer warpgroups, online softmax, flex's block sparsity.
+warp and two consumer warpgroups, online softmax overlapped with the GEMMs, flex's block
+sparsity.
 
-One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0)
-loads Q once (two 64-row halves) and then, for every KV tile the BlockMask lists, K's
-and V's tiles into a ``stages``-deep smem ring (``PipelineTmaAsync``: one mbarrier
-pair per stage, K and V in one stage). Consumer warpgroup w (1, 2) owns Q rows
-``64 (w - 1) ..`` of the tile: per KV tile S = Q K^T (WGMMA from smem), then per
-accumulator element ``score_mod`` on ``S * sm_scale`` and, in partial blocks only,
-``mask_mod`` (-inf where it is False); elements past KV_LEN are -inf. The row max and
-sum are fp32 in log2 units (exp2 of ``score * log2 e``); P is converted to the input
+One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0;
+24 registers a thread, the consumers 240: ``setmaxnreg``) loads Q once (two 64-row
+halves) and then, for every KV tile the BlockMask lists, K's tile into one
+``stages``-deep smem ring and V's into another (``PipelineTmaAsync`` each: one mbarrier
+pair per stage; the rings advance together, so a tile's K and V share a slot index).
+Consumer warpgroup w (1, 2) owns Q rows ``64 (w - 1) ..`` of the tile: per KV tile S =
+Q K^T (WGMMA from smem), then per accumulator element ``score_mod`` on ``S * sm_scale``
+and, in partial blocks only, ``mask_mod`` (-inf where it is False); elements past
+KV_LEN are -inf (the mask and bounds work is skipped in a full block's tile within
+KV_LEN). The row max and sum are fp32 in log2 units: p = exp2(s log2e - m), one FFMA and
+one ex2; the max and sum over a thread's values are trees, the max across the row's 4
+threads shuffles, the sums stay per thread until the end. P is converted to the input
 dtype in registers and O += P V by WGMMA with A from registers. The end: O / l stored
 (rows past Q_LEN dropped), LSE = m + log2(l) and the row max, both in log2 units as
 Inductor's flex kernel stores them (the HOP's caller scales them by ln 2); a row that
 no key reaches gets O = 0, LSE = -inf, max = -inf (as Triton's).
+
+The mainloop (``FlexConfig.pipelined``; False: the serial loop, S, softmax, P V, each
+GEMM waited for at once): tile 0's S alone, then per tile t the WGMMAs S_t = Q K_t^T and
+O += P_{t-1} V_{t-1} are issued back to back as two commit groups; ``wait_group(1)``
+(S_t is in, K_t's slot released) lets the mask and softmax of S_t run while the P V GEMM
+is still on the tensor cores; ``wait_group(0)`` then releases V_{t-1}'s slot, and only
+after it are O rescaled and P_t written (both are that GEMM's registers); the last P V
+after the loop. Invariants: no register an in-flight WGMMA reads or writes is touched
+before its wait; a slot is released only after the GEMM reading it is waited for; a
+WGMMA's ACCUMULATE field is set in the body of the loop or branch it is issued in (a
+TiledMma set only inside a helper is not carried out of the caller's region). ptxas
+hoists a wgmma wait to the top of the basic block it sits in, so ``scores_step`` traces
+the softmax into both arms of its mask branch: the join, and with it the wait, come
+after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX order).
+The two warpgroups are not ping-ponged: their GEMMs and softmaxes interleave as the
+warp schedulers take them.
 
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
@@ -32,8 +53,12 @@ K/V batch of 1 broadcasts. LSE and max are (B, H, Q_LEN) fp32.
 
 Failure semantics: a ``FlexConfig`` that cannot run raises ``ValueError`` at
 construction; operand dtypes or strides the kernel cannot take raise ``ValueError``
-while tracing, before any MLIR is emitted (the choice is then dropped).
+while tracing, before any MLIR is emitted (the choice is then dropped). On the device,
+a producer and consumers walking different lists, or a ring released twice or never,
+hangs the CTA (mbarrier waits do not time out).
 """
+
+import operator
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads annotations as types.
 import cutlass
@@ -59,6 +84,14 @@ def _rows_cols(layout, cols):
     8 below, value 2 the 8-column block."""
     st = layout.stride[0]
     return cute.make_layout((2, (2, cols // 8)), stride=(st[1], (st[0], st[2])))
+
+
+def _tree_reduce(values, op):
+    """``op`` over ``values`` as a balanced tree (a dependency chain log2(n) deep, not n)."""
+    while len(values) > 1:
+        pairs = [op(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
+        values = pairs + values[len(values) - len(values) % 2:]
+    return values[0]
 
 
 def _as_a_operand(layout, cols):
@@ -143,14 +176,15 @@ class Sm90FlexAttention:
         tma_v, tV = cpasync.make_tiled_tma_atom(
             load, v, cute.slice_(sV_layout, (None, None, 0)), (d, bn))
         self.q_bytes = 2 * cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
-        self.kv_bytes = (cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
-                         + cute.size_in_bytes(dtype, cute.slice_(sV_layout, (None, None, 0))))
+        self.k_bytes = cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
+        self.v_bytes = cute.size_in_bytes(dtype, cute.slice_(sV_layout, (None, None, 0)))
         stages = self.stages
 
         @cute.struct
         class FlexSmem:
             q_bars: cute.struct.MemRange[cutlass.Int64, 2]
-            kv_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
@@ -186,7 +220,8 @@ class Sm90FlexAttention:
             cpasync.prefetch_descriptor(tma_v)
         smem = SmemAllocator().allocate(self.smem_struct)
         q_pipe = self._pipeline(smem.q_bars.data_ptr(), 1, self.q_bytes)
-        kv_pipe = self._pipeline(smem.kv_bars.data_ptr(), self.stages, self.kv_bytes)
+        k_pipe = self._pipeline(smem.k_bars.data_ptr(), self.stages, self.k_bytes)
+        v_pipe = self._pipeline(smem.v_bars.data_ptr(), self.stages, self.v_bytes)
         sQ = smem.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = smem.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = smem.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
@@ -194,11 +229,11 @@ class Sm90FlexAttention:
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
-                self.producer(q_pipe, kv_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV,
+                self.producer(q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV,
                               blocks, m_block, h_idx + heads * b_idx)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consumer(q_pipe, kv_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
+            self.consumer(q_pipe, k_pipe, v_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
                           m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len)
 
     def _pipeline(self, bars, stages, tx_bytes):
@@ -241,7 +276,7 @@ class Sm90FlexAttention:
 
     # -------------------------------------------------------------- producer
     @cute.jit
-    def producer(self, q_pipe, kv_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, blocks,
+    def producer(self, q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, blocks,
                  m_block, l_idx):
         d, bn = self.head_dim, self.block_n
         tQsQ, tQgQ = cpasync.tma_partition(
@@ -259,23 +294,26 @@ class Sm90FlexAttention:
             cute.copy(tma_q, tQgQ[(None, 2 * m_block + half, 0, l_idx)], tQsQ[(None, half)],
                       tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
         q_pipe.producer_commit(q_state)
+        # K and V of one tile share a ring index (the rings advance together)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         total = (blocks[3] + blocks[4]) * self.steps_per_block
         for t in cutlass.range(total, unroll=1):
             n_tile, _ = self.kv_tile_of(blocks, t)
-            kv_pipe.producer_acquire(state)
-            bar = kv_pipe.producer_get_barrier(state)
+            k_pipe.producer_acquire(state)
             cute.copy(tma_k, tKgK[(None, n_tile, 0, l_idx)], tKsK[(None, state.index)],
-                      tma_bar_ptr=bar)
+                      tma_bar_ptr=k_pipe.producer_get_barrier(state))
+            k_pipe.producer_commit(state)
+            v_pipe.producer_acquire(state)
             cute.copy(tma_v, tVgV[(None, 0, n_tile, l_idx)], tVsV[(None, state.index)],
-                      tma_bar_ptr=bar)
-            kv_pipe.producer_commit(state)
+                      tma_bar_ptr=v_pipe.producer_get_barrier(state))
+            v_pipe.producer_commit(state)
             state.advance()
-        kv_pipe.producer_tail(state)
+        k_pipe.producer_tail(state.clone())  # producer_tail advances the state it is given
+        v_pipe.producer_tail(state)
 
     # -------------------------------------------------------------- consumer
     @cute.jit
-    def consumer(self, q_pipe, kv_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
+    def consumer(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
                  m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len):
         d, bn = self.head_dim, self.block_n
         ctid = tidx % THREADS_PER_WG
@@ -287,49 +325,130 @@ class Sm90FlexAttention:
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((WG_M, bn)), cutlass.Float32)
         acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((WG_M, d)), cutlass.Float32)
         acc_o.fill(0.0)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        # P of the last tile softmaxed, in the input dtype: the A operand of O += P V
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        tOrP = cute.make_tensor(rP.iterator, _as_a_operand(acc_s.layout, bn))
         cS = qk_thr.partition_C(cute.make_identity_tensor((WG_M, bn)))
         q_base = m_block * BLOCK_M + (wg - 1) * WG_M
         row_max = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         row_sum = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        correction = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
             row_max[r] = -cutlass.Float32.inf
             row_sum[r] = 0.0
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_pipe.consumer_wait(q_state)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         total = (blocks[3] + blocks[4]) * self.steps_per_block
-        for t in cutlass.range(total, unroll=1):
-            n_tile, is_partial = self.kv_tile_of(blocks, t)
-            kv_pipe.consumer_wait(state)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, wg - 1)],
-                          tSrK[(None, None, kb, state.index)], acc_s)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.modify_scores(acc_s, cS, is_partial, q_base, n_tile * bn, h_idx, b_idx,
-                               q_len, kv_len, captures)
-            self.online_softmax(acc_s, acc_o, row_max, row_sum)
-            rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
-            rP.store(acc_s.load().to(self.dtype))
-            tOrP = cute.make_tensor(rP.iterator, _as_a_operand(acc_s.layout, bn))
-            warpgroup.fence()
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kb in cutlass.range_constexpr(bn // 16):
-                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)],
-                          tOrV[(None, None, kb, state.index)], acc_o)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            kv_pipe.consumer_release(state)
-            state.advance()
+        tile_args = (cS, q_base, h_idx, b_idx, q_len, kv_len, captures)
+        if cutlass.const_expr(self.config.pipelined):
+            # tile 0's S alone; then per tile t: S_t and O += P_{t-1} V_{t-1} issued
+            # together, S_t waited for (wait_group 1) and softmaxed while the P V GEMM runs
+            if total > 0:
+                n_tile, is_partial = self.kv_tile_of(blocks, 0)
+                k_pipe.consumer_wait(k_state)
+                warpgroup.fence()
+                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
+                warpgroup.wait_group(0)
+                k_pipe.consumer_release(k_state)
+                k_state.advance()
+                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
+                                 correction)  # O is 0: nothing to rescale
+                rP.store(acc_s.load().to(self.dtype))
+            for t in cutlass.range(1, total, unroll=1):
+                n_tile, is_partial = self.kv_tile_of(blocks, t)
+                k_pipe.consumer_wait(k_state)
+                warpgroup.fence()
+                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
+                v_pipe.consumer_wait(v_state)
+                warpgroup.fence()  # (else ptxas adds one: the wait's spin loop ends its view)
+                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                warpgroup.wait_group(1)  # S_t is in; P_{t-1} V_{t-1} may still run
+                k_pipe.consumer_release(k_state)
+                k_state.advance()
+                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
+                                 correction)
+                warpgroup.wait_group(0)  # before O and P's registers are written
+                v_pipe.consumer_release(v_state)
+                v_state.advance()
+                self.rescale(acc_o, correction)
+                rP.store(acc_s.load().to(self.dtype))
+            if total > 0:
+                v_pipe.consumer_wait(v_state)
+                warpgroup.fence()
+                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                warpgroup.wait_group(0)
+                v_pipe.consumer_release(v_state)
+        else:
+            for t in cutlass.range(total, unroll=1):
+                n_tile, is_partial = self.kv_tile_of(blocks, t)
+                k_pipe.consumer_wait(k_state)
+                warpgroup.fence()
+                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
+                warpgroup.wait_group(0)
+                k_pipe.consumer_release(k_state)
+                k_state.advance()
+                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
+                                 correction)
+                self.rescale(acc_o, correction)
+                rP.store(acc_s.load().to(self.dtype))
+                v_pipe.consumer_wait(v_state)
+                warpgroup.fence()
+                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                warpgroup.wait_group(0)
+                v_pipe.consumer_release(v_state)
+                v_state.advance()
         self.finish(acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
                     q_len)
 
     @cute.jit
-    def modify_scores(self, acc_s, cS, is_partial, q_base, kv_base, h_idx, b_idx, q_len,
-                      kv_len, captures):
-        """``acc_s`` <- log2e * (mask_mod ? score_mod(S * sm_scale) : -inf) per element."""
+    def issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, wg, stage):
+        """S (+)= Q K^T of warpgroup ``wg``'s rows and K's ring slot ``stage``, committed as
+        one WGMMA group (not waited for). The caller clears ACCUMULATE in its own body: a
+        TiledMma set only inside a helper is not carried out of the caller's loop or branch."""
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, wg - 1)],
+                      tSrK[(None, None, kb, stage)], acc_s)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
+        """O += P V with P from registers and V's ring slot ``stage`` (ACCUMULATE set once,
+        before the mainloop), committed as one WGMMA group (not waited for: P's and O's
+        registers stay untouched until it is)."""
+        for kb in cutlass.range_constexpr(self.block_n // 16):
+            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)],
+                      acc_o)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def scores_step(self, acc_s, is_partial, kv_base, tile_args, row_max, row_sum,
+                    correction):
+        """``modify_scores`` then ``softmax_step`` on S (``correction`` <- O's row factors).
+        The mask and bounds work only in a partial block or a tile reaching past KV_LEN.
+        The softmax is traced into both branches: ptxas hoists a wgmma wait to the top of
+        the block it sits in, so the ``wait_group(0)`` after this stays after the exp2s
+        only where no join point precedes it."""
+        kv_len = tile_args[5]
+        if is_partial | (kv_base + self.block_n > kv_len):
+            self.modify_scores(acc_s, is_partial, kv_base, tile_args, True)
+            self.softmax_step(acc_s, row_max, row_sum, correction)
+        else:
+            self.modify_scores(acc_s, is_partial, kv_base, tile_args, False)
+            self.softmax_step(acc_s, row_max, row_sum, correction)
+
+    @cute.jit
+    def modify_scores(self, acc_s, is_partial, kv_base, tile_args, masked: cutlass.Constexpr):
+        """``acc_s`` <- mask_mod ? score_mod(S * sm_scale) : -inf per element (natural
+        units), -inf past KV_LEN; ``masked`` False: score_mod alone (a full block's tile
+        within KV_LEN)."""
+        cS, q_base, h_idx, b_idx, q_len, kv_len, captures = tile_args
         scale = self.config.sm_scale
         neg_inf = -cutlass.Float32.inf
         b32 = cutlass.Int32(b_idx)
@@ -338,36 +457,45 @@ class Sm90FlexAttention:
             crd = cS[i]
             q_idx = cutlass.Int32(q_base + crd[0])
             kv_idx = cutlass.Int32(kv_base + crd[1])
-            kv_in = kv_idx < kv_len
-            in_bounds = kv_in & (q_idx < q_len)
-            score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
-                                   captures)
-            if is_partial:
-                keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures)
-                score = cutlass.select_(keep, score, neg_inf)
-            acc_s[i] = cutlass.select_(kv_in, score * LOG2E, neg_inf)
+            if cutlass.const_expr(masked):
+                kv_in = kv_idx < kv_len
+                in_bounds = kv_in & (q_idx < q_len)
+                score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
+                                       captures)
+                if is_partial:
+                    keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures)
+                    score = cutlass.select_(keep, score, neg_inf)
+                acc_s[i] = cutlass.select_(kv_in, score, neg_inf)
+            else:
+                acc_s[i] = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx,
+                                          q_idx < q_len, captures)
 
     @cute.jit
-    def online_softmax(self, acc_s, acc_o, row_max, row_sum):
-        """Rescale O and the row sums to the new row maxima; ``acc_s`` <- exp2(s - max)."""
+    def softmax_step(self, acc_s, row_max, row_sum, correction):
+        """One tile of the online softmax: the row maxima (log2 units) and this thread's
+        partial row sums updated, ``acc_s`` <- exp2(s log2e - max) (one FFMA and one ex2
+        an element); ``correction`` <- the factors O's two rows are to be rescaled by."""
         s_mn = cute.make_tensor(acc_s.iterator, _rows_cols(acc_s.layout, self.block_n))
-        o_mn = cute.make_tensor(acc_o.iterator, _rows_cols(acc_o.layout, self.head_dim))
+        cols = cute.size(s_mn, mode=[1])
         for r in cutlass.range_constexpr(2):
-            m_new = row_max[r]
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                m_new = cute.arch.fmax(m_new, s_mn[r, c])
+            m_tile = _tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
+            m_new = cute.arch.fmax(row_max[r], m_tile * LOG2E)
             m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
             m_use = cutlass.select_(m_new == -cutlass.Float32.inf, cutlass.Float32(0.0), m_new)
-            correction = cute.math.exp2(row_max[r] - m_use, fastmath=True)
+            correction[r] = cute.math.exp2(row_max[r] - m_use, fastmath=True)
             row_max[r] = m_new
-            total = row_sum[r] * correction
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
-                s_mn[r, c] = p
-                total = total + p
-            row_sum[r] = total
+            for c in cutlass.range_constexpr(cols):
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * LOG2E - m_use, fastmath=True)
+            p_sum = _tree_reduce([s_mn[r, c] for c in range(cols)], operator.add)
+            row_sum[r] = row_sum[r] * correction[r] + p_sum
+
+    @cute.jit
+    def rescale(self, acc_o, correction):
+        """O's rows times their softmax corrections."""
+        o_mn = cute.make_tensor(acc_o.iterator, _rows_cols(acc_o.layout, self.head_dim))
+        for r in cutlass.range_constexpr(2):
             for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                o_mn[r, c] = o_mn[r, c] * correction
+                o_mn[r, c] = o_mn[r, c] * correction[r]
 
     @cute.jit
     def finish(self, acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
