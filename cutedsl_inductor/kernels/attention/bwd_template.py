@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch._inductor import ir
+
 from ... import config
 from ...template.subgraph import ModificationSubgraph
 from ...template.template import CuteDSLTemplate
@@ -96,7 +98,12 @@ def why_not_bwd(nodes: list[Any], layout: Any, subgraphs: list[Any]) -> str | No
         return f"{len(nodes)} inputs, not flex's {len(BWD_INPUTS)} and the captures"
     if len(subgraphs) < 3:
         return f"{len(subgraphs)} subgraphs, not flex's score_mod, joint and mask_mod"
-    names = [buf.get_name() for buf in grad_scatters(subgraphs)]
+    scatters = grad_scatters(subgraphs)
+    for buf in scatters:
+        if not (isinstance(buf, ir.ComputedBuffer) and isinstance(buf.data, ir.Scatter)):
+            return (f"a captured tensor's gradient is {type(getattr(buf, 'data', buf)).__name__}"
+                    ", not a scatter: not supported by the CuteDSL backward")
+    names = [buf.get_name() for buf in scatters]
     missing = sorted(set(names) - {n.get_name() for n in nodes})
     if missing:
         return (f"the gradient buffers {missing} of captured tensors are not among the "

@@ -66,8 +66,13 @@ def learnable_temperature(score, b, h, q_idx, kv_idx, temperature):
     return score * temperature[h]
 
 
+def learnable_abs_bias(score, b, h, q_idx, kv_idx, bias):  # its gradient needs sign
+    return score + bias[h].abs()
+
+
 LEARNABLE = {"rel_bias": (learnable_rel_bias, (H, 2 * S - 1)),
-             "alibi": (learnable_alibi, (H,)), "temperature": (learnable_temperature, (H,))}
+             "alibi": (learnable_alibi, (H,)), "temperature": (learnable_temperature, (H,)),
+             "abs_bias": (learnable_abs_bias, (H,))}
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,12 +190,20 @@ def test_one_huge_block_without_full_blocks_compiles(graph):
     (dict(dtype=torch.float32), {}, None, "dtype torch.float32"),
     (dict(kv_heads=3), {}, None, "q heads 4 / kv heads 3"),
     ({}, dict(SPARSE_KV_BLOCK_SIZE=64), None, "both must be multiples of 128"),
-    ({}, {}, "captured grads", "captured tensors need gradients"),
+    (dict(learnable="rel_bias"), {}, "no scatter", "Pointwise, not a scatter"),
+    (dict(learnable="rel_bias"), {}, "no grad input", "are not among the inputs"),
+    (dict(learnable="rel_bias"), {}, "bf16 grad", "(fp32 only)"),
+    (dict(learnable="abs_bias"), {}, None, "op sign is not supported"),
 ])
 def test_refusals_say_why(graph, kwargs, options, subgraphs, reason):
     nodes, layout, graphs = bwd_inputs(graph, **kwargs)
-    if subgraphs:
-        graphs[3] = [graphs[0]]  # a scatter into a captured tensor's gradient
+    if subgraphs == "no scatter":  # the gradient computed elementwise, not scattered
+        graphs[3] = [graphs[0]]
+    elif subgraphs == "no grad input":
+        nodes = nodes[:-1]
+    elif subgraphs == "bf16 grad":  # an atomic add only into fp32
+        grad = nodes[-1]
+        nodes[-1] = make_input(graph, grad.get_name(), grad.get_size(), torch.bfloat16)
     choices = []
     assert reason in flex_bwd_choices(choices, nodes, layout, graphs, {**OPTIONS, **options})
     assert choices == []
@@ -227,3 +240,18 @@ def test_captured_grads_compile(graph, dtype, head_dim, learnable):
     compiled = compiler.stats["compiled"]
     choices[0].load()  # sm_90a, TVM-FFI
     assert compiler.stats["compiled"] == compiled + 1
+
+
+@pytest.mark.parametrize("learnable, captured_dtype, kv_heads", [
+    ("temperature", torch.float32, H),  # the gradient reads the score: grad * score
+    ("rel_bias", torch.bfloat16, H),  # a 16-bit table: its gradient still adds in fp32
+    ("alibi", torch.float32, 2),  # GQA
+])
+def test_more_captured_grads_compile(graph, learnable, captured_dtype, kv_heads):
+    nodes, layout, subgraphs = bwd_inputs(graph, learnable=learnable, kv_heads=kv_heads,
+                                          captured_dtype=captured_dtype)
+    assert nodes[-1].get_dtype() == torch.float32  # zeros_and_scatter's buffer
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert "cute.arch.red(captures[1]" in kernel_text(choices[0])
+    choices[0].load()
