@@ -323,7 +323,10 @@ def translate_scatters(body: Any, index_vars: Mapping[str, str],
             raise _unsupported("store", f"a scatter into {scatter.get_name()} over "
                                         f"{scatter.data.get_size()} elements (size [] only)")
         stride = captures.node(scatter.get_name()).get_stride()
+
+        def storage_index(idx: Any, stride: Any = stride) -> Any:
+            return sum(i * s for i, s in zip(idx, stride))
+
         with V.set_ops_handler(handler):
-            scatter.data.store_output(
-                scatter.get_name(), lambda idx: sum(i * s for i, s in zip(idx, stride)), [])
+            scatter.data.store_output(scatter.get_name(), storage_index, [])
     return Modification(list(handler.lines), None, list(handler.captured))
