@@ -29,7 +29,7 @@ Failure semantics: switched off, nothing changes. Switched on, a problem our ker
 cannot take (a reason from ``kernels/attention/template.py``), a choice that fails to
 render (a ``SubgraphError``: a score_mod that does not translate) and one that fails to
 compile or run are dropped with a logged reason; the Triton choices remain (the
-backward also refuses score_mods whose captured tensors need gradients:
+backward's captured tensors that need gradients count too: their scatters must translate,
 ``kernels/attention/bwd_template.py``). The paths
 that do not reach the Triton template (flex decoding, the FLASH backend, CPU) get no
 choice of ours (logged at debug): under ``BACKEND="AUTO"`` a query shorter than 128

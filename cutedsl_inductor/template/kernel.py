@@ -31,7 +31,8 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
                                 ``out``, its placeholders read from the template's
                                 expressions, captured tensors from ``captures``
                                 (``template/subgraph.py``); ``mask=`` and
-                                ``input_dtypes=`` as there
+                                ``input_dtypes=`` as there; ``None`` for ``out``:
+                                the subgraph's scatter stores, as fp32 atomic adds
   ``{{def_prologue("a")}}``     defines ``<kernel_name>_prologue(value, c0, .., extras)``:
                                 call it on each element of input ``a`` the template loads
                                 (fp32, with its coordinates); it applies the fused
@@ -245,11 +246,13 @@ class CuteDSLTemplateKernel(Kernel):
         ]
         return f"({', '.join(views)}{',' if views else ''})"
 
-    def modification(self, subgraph_number: int, output_name: str, mask: str | None = None,
-                     input_dtypes: dict[str, Any] | None = None, **index_vars: str) -> str:
+    def modification(self, subgraph_number: int, output_name: str | None,
+                     mask: str | None = None, input_dtypes: dict[str, Any] | None = None,
+                     **index_vars: str) -> str:
         """Statements computing subgraph ``subgraph_number`` into ``output_name`` (see
         ``template/subgraph.py``), at the hook's indentation; ``index_vars`` give each
-        placeholder's CuTe expression (``score="acc[i]"``, ``h="h_idx"``)."""
+        placeholder's CuTe expression (``score="acc[i]"``, ``h="h_idx"``). With
+        ``output_name`` None the subgraph is a list of scatter stores (atomic adds)."""
         number = self._modifications
         self._modifications += 1
         try:

@@ -25,12 +25,15 @@ Invariants:
     index is 0, so reads of elements outside the problem stay in bounds. Indices are not
     bounds-checked otherwise (as in Inductor's own flex templates).
   * The result: a float is Float32 (a 16-bit result is upcast), a bool Boolean, an
-    integer Int32/Int64. Temps carry the caller's prefix, so several modifications (of one
+    integer Int32/Int64. A list of scatters (a backward's gradients of captured tensors:
+    ``output_name`` None) has no result: each becomes one fp32 atomic add
+    (``cute.arch.red``) into its gradient buffer, an input node like a captured tensor,
+    at its storage index; the caller guards the statements. Temps carry the caller's prefix, so several modifications (of one
     subgraph or several) coexist in one function; the text is deterministic.
 
 Failure semantics: anything not translated (an op, a dtype, a runtime size in an index,
 a captured tensor that is not an input node, a placeholder without a template value or
-a dtype) raises ``NotImplementedError`` naming it, before any text is emitted; the
+a dtype; a scatter that is not an atomic add of size [] into an fp32 input node) raises ``NotImplementedError`` naming it, before any text is emitted; the
 hook turns it into ``SubgraphError`` (``exc.py``) and the choice is refused.
 """
 
@@ -70,7 +73,7 @@ class ModificationSubgraph:
 
 class Modification(NamedTuple):
     lines: list[str]  # statements, the last one ``<output_name> = <result>``
-    dtype: torch.dtype  # the result's dtype
+    dtype: torch.dtype | None  # the result's dtype (None: scatter stores, no result)
     captured: list[str]  # captured buffers read, in order of first read
 
 
@@ -115,6 +118,7 @@ class SubgraphToCuteDSL(PointwiseToCuteDSL):
         self.captures = captures
         self.captured: list[str] = []
         self.indices: set[sympy.Symbol] = set()  # the Int32 temps indirect_indexing made
+        self.scattered: list[str] = []  # the buffers atomically added into, in order
         self.mask = None if mask is None else self._emit(f"cutlass.Boolean({mask})", torch.bool)
 
     # -- loads ------------------------------------------------------------------------
@@ -131,17 +135,40 @@ class SubgraphToCuteDSL(PointwiseToCuteDSL):
             raise _unsupported("load", f"placeholder {name} has no value: pass {name}=... "
                                        "to the hook")
         node = self.captures.node(name)
+        text = self._flat_index("load", name, node, index)
+        if name not in self.captured:
+            self.captured.append(name)
+        return f"captures[{self.captures.slot(name)}][{text}]", node.get_dtype()
+
+    def _flat_index(self, op: str, name: str, node: Any, index: Any) -> str:
+        """Inductor's storage index of captured ``node`` less its offset, as CuTe text
+        (Int64 arithmetic for a tensor of 2**31 elements or more)."""
         index = sympy.expand(sympy.sympify(index) - node.get_layout().offset)
         stray = index.free_symbols - self.indices
         if stray:
             names = ", ".join(sorted(map(str, stray)))
-            raise _unsupported("load", f"index of {name} needs runtime values ({names})")
+            raise _unsupported(op, f"index of {name} needs runtime values ({names})")
         if not V.graph.sizevars.statically_known_lt(node.get_layout().storage_size(), 2**31):
             index = index.subs({s: sympy.Symbol(f"cutlass.Int64({s})") for s in self.indices})
-        if name not in self.captured:
-            self.captured.append(name)
-        text = PythonPrinter().doprint(index)
-        return f"captures[{self.captures.slot(name)}][{text}]", node.get_dtype()
+        return PythonPrinter().doprint(index)
+
+    # -- scatter stores (a backward's gradients of captured tensors) --------------------
+
+    def store(self, name: str, index: Any, value: Any, mode: Any = None) -> None:
+        if mode is None:
+            return super().store(name, index, value)
+        if mode != "atomic_add":
+            raise _unsupported("store", f"store mode {mode} into {name}")
+        node = self.captures.node(name)
+        if node.get_dtype() != torch.float32:
+            raise _unsupported("store", f"an atomic add into {name} of dtype "
+                                        f"{node.get_dtype()} (fp32 only)")
+        text = self._flat_index("store", name, node, index)
+        value = self._float("store", value)
+        self.lines.append(f"cute.arch.red(captures[{self.captures.slot(name)}].iterator + "
+                          f"({text}), {value}, op='add', dtype=cutlass.Float32, "
+                          "sem='relaxed', scope='gpu')")
+        self.scattered.append(name)
 
     # -- indices ----------------------------------------------------------------------
 
@@ -240,15 +267,19 @@ def input_dtype(value: Any) -> torch.dtype:
     raise _unsupported("input_dtypes", f"{value!r} is not one of {sorted(DTYPE_NAMES)}")
 
 
-def translate_modification(subgraph: Any, output_name: str, index_vars: Mapping[str, str],
-                           captures: Captures, prefix: str, mask: str | None = None,
+def translate_modification(subgraph: Any, output_name: str | None,
+                           index_vars: Mapping[str, str], captures: Captures, prefix: str,
+                           mask: str | None = None,
                            input_dtypes: Mapping[str, Any] | None = None) -> Modification:
     """The statements computing ``subgraph`` (a ``ModificationSubgraph`` or the bare
-    ``ComputedBuffer``) into ``output_name``; see the module docstring."""
+    ``ComputedBuffer``) into ``output_name``; with ``output_name`` None, a list of scatter
+    stores (``translate_scatters``). See the module docstring."""
     body, dtypes = subgraph, {}
     if isinstance(subgraph, ModificationSubgraph):
         body, dtypes = subgraph.body, dict(subgraph.input_dtypes)
     dtypes.update({k: input_dtype(v) for k, v in (input_dtypes or {}).items()})
+    if output_name is None:
+        return translate_scatters(body, index_vars, dtypes, captures, prefix, mask)
     if not output_name.isidentifier():
         raise _unsupported("modification", f"output name {output_name!r} is not an identifier")
     inner = body
@@ -268,3 +299,34 @@ def translate_modification(subgraph: Any, output_name: str, index_vars: Mapping[
         result, dtype = handler._to(result, torch.float32), torch.float32
     lines = [*handler.lines, f"{output_name} = {result}"]
     return Modification(lines, dtype, list(handler.captured))
+
+
+def translate_scatters(body: Any, index_vars: Mapping[str, str],
+                       input_dtypes: Mapping[str, torch.dtype], captures: Captures,
+                       prefix: str, mask: str | None = None) -> Modification:
+    """Statements for a list of scatters (flex's ``zeros_and_scatter`` lowered: a
+    ``ComputedBuffer`` of an ``ir.Scatter`` of size [] in ``atomic_add`` mode, named after
+    the fp32 gradient buffer it adds into, which must be an input node): each adds its
+    value at its index with ``cute.arch.red`` (an fp32 atomic add). The adds are
+    unconditional: the template guards the statements (elements outside the problem or
+    masked). Refused (``NotImplementedError``): anything else in the list, another mode,
+    a buffer that is not fp32 or not an input node, an index that needs runtime values."""
+    if not isinstance(body, (list, tuple)):
+        raise _unsupported(type(body).__name__, "a scatter subgraph must be a list of "
+                                                "scatter stores")
+    handler = SubgraphToCuteDSL(index_vars, input_dtypes, captures, prefix, mask)
+    for scatter in body:
+        if not (isinstance(scatter, ir.ComputedBuffer) and isinstance(scatter.data, ir.Scatter)):
+            raise _unsupported(type(getattr(scatter, "data", scatter)).__name__,
+                               "not a scatter store")
+        if list(scatter.data.get_size()):
+            raise _unsupported("store", f"a scatter into {scatter.get_name()} over "
+                                        f"{scatter.data.get_size()} elements (size [] only)")
+        stride = captures.node(scatter.get_name()).get_stride()
+
+        def storage_index(idx: Any, stride: Any = stride) -> Any:
+            return sum(i * s for i, s in zip(idx, stride))
+
+        with V.set_ops_handler(handler):
+            scatter.data.store_output(scatter.get_name(), storage_index, [])
+    return Modification(list(handler.lines), None, list(handler.captured))

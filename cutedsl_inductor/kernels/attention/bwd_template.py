@@ -2,25 +2,34 @@
 flex_attention_backward's lowering (``inductor/flex.py`` offers them).
 
 The rendered module subclasses ``Sm90FlexBackward`` with the score_mod (subgraph 0),
-its joint graph's gradient w.r.t. the score (subgraph 1) and the mask_mod (subgraph 2)
-rendered by the ``modification`` hook. Its entry takes the inputs in the order of the
+its joint graph's gradient w.r.t. the score (subgraph 1), the mask_mod (subgraph 2)
+and, where captured tensors need gradients, the joint graph's scatters into them
+(subgraph 3, ``grad_captures``: fp32 atomic adds from the dK/dV kernel) rendered by the
+``modification`` hook. Its entry takes the inputs in the order of the
 lowering's autotuning inputs -- q, k, v, lse, delta, grad_out, grad_query, grad_value,
 kv_num_blocks, kv_indices, q_num_blocks, q_indices, full_kv_num_blocks,
 full_kv_indices, full_q_num_blocks, full_q_indices, then the captured buffers -- and
 writes grad_key (the output: (Q batch, KV heads, KV_LEN, D), Inductor sums a broadcast
-KV batch) and grad_query, grad_value (the two mutated inputs).
+KV batch) and grad_query, grad_value and the captured tensors' gradient buffers (the
+mutated inputs: the lowering's autotuning inputs end with those buffers, fp32, zeroed by
+Inductor's ``zeros_and_scatter`` lowering before the kernel, and cast by the lowering
+to a 16-bit captured tensor's dtype after it).
 
 ``flex_bwd_choices(choices, nodes, layout, subgraphs, options)`` checks that the problem
 suits the kernels and appends one choice per config; otherwise it returns the reason
 (the caller logs it) and Inductor's Triton choices stay. Refused, beyond the forward's
-refusals (``template.why_not``): captured tensors that need gradients (the joint graph
-scatters into them: subgraph 3 not empty), a grad_out that TMA cannot read, a BlockMask
-whose blocks are no multiples of 128.
+refusals (``template.why_not``): a gradient buffer that is not among the inputs, a
+grad_out that TMA cannot read, a BlockMask whose blocks are no multiples of 128; a
+scatter that does not translate (not an atomic add of one element, an index that needs
+runtime values: ``template/subgraph.py``) fails to render, so the choice is dropped
+with the reason and Inductor's Triton backward runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from torch._inductor import ir
 
 from ... import config
 from ...template.subgraph import ModificationSubgraph
@@ -41,6 +50,8 @@ from cutedsl_inductor.kernels.attention.sm90_flex_bwd import Sm90FlexBackward
 
 
 class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
+    captured_grads = CAPTURED_GRADS
+
     @cute.jit
     def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(0, "modified", score="score", b="b_idx", h="h_idx", m="q_idx",
@@ -58,6 +69,14 @@ class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
         {{modification(2, "keep", b="b_idx", h="h_idx", m="q_idx", n="kv_idx",
                        mask="in_bounds", input_dtypes={"b": "int32", "h": "int32", "m": "int32", "n": "int32"})}}
         return keep
+{%- if CAPTURED_GRADS %}
+
+    @cute.jit
+    def grad_captures(self, score, grad, b_idx, h_idx, q_idx, kv_idx, keep, captures):
+        if keep:
+            {{modification(3, None, score="score", grad_score_mod="grad", b="b_idx",
+                           h="h_idx", m="q_idx", n="kv_idx")}}
+{%- endif %}
 
 
 @cute.jit
@@ -77,9 +96,18 @@ def why_not_bwd(nodes: list[Any], layout: Any, subgraphs: list[Any]) -> str | No
     """Why the kernels cannot take this backward problem, or None."""
     if len(nodes) < len(BWD_INPUTS):
         return f"{len(nodes)} inputs, not flex's {len(BWD_INPUTS)} and the captures"
-    if len(subgraphs) < 3 or (len(subgraphs) > 3 and subgraphs[3]):
-        return ("the score_mod's captured tensors need gradients (the joint graph writes "
-                "them): not supported by the CuteDSL backward")
+    if len(subgraphs) < 3:
+        return f"{len(subgraphs)} subgraphs, not flex's score_mod, joint and mask_mod"
+    scatters = grad_scatters(subgraphs)
+    for buf in scatters:
+        if not (isinstance(buf, ir.ComputedBuffer) and isinstance(buf.data, ir.Scatter)):
+            return (f"a captured tensor's gradient is {type(getattr(buf, 'data', buf)).__name__}"
+                    ", not a scatter: not supported by the CuteDSL backward")
+    names = [buf.get_name() for buf in scatters]
+    missing = sorted(set(names) - {n.get_name() for n in nodes})
+    if missing:
+        return (f"the gradient buffers {missing} of captured tensors are not among the "
+                "inputs: not supported by the CuteDSL backward")
     reason = why_not(nodes[:3] + nodes[3:9], layout)
     if reason is not None:
         return reason
@@ -93,6 +121,13 @@ def why_not_bwd(nodes: list[Any], layout: Any, subgraphs: list[Any]) -> str | No
     if stride[3] != 1 or any(s % 8 for s in stride[:3]) or offset[0] % 8:
         return f"grad_out's strides {stride}: unit stride in the head dim, 16-byte others"
     return None
+
+
+def grad_scatters(subgraphs: list[Any]) -> list[Any]:
+    """The joint graph's scatters into captured tensors' gradients (flex's subgraph 3: a
+    list, one ``ComputedBuffer`` per captured tensor that needs a gradient)."""
+    scatters = subgraphs[3] if len(subgraphs) > 3 else None
+    return list(scatters or [])
 
 
 def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: list[Any],
@@ -119,13 +154,18 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
     score = ModificationSubgraph(subgraphs[0], {"score": dtype, **SCORE_INDEX_DTYPES})
     joint = ModificationSubgraph(subgraphs[1], {"score": dtype, "grad_score_mod": dtype,
                                                 **SCORE_INDEX_DTYPES})
+    scatters = grad_scatters(subgraphs)  # into the captured tensors' gradients
+    dtypes = joint.input_dtypes  # the joint graph's placeholders: the scatters' too
+    names = [buf.get_name() for buf in scatters]
+    grads = [n for n in nodes if n.get_name() in names]
     errors = []
     configs = configs[:config.flex_max_configs]
     for cfg in configs:
         error = flex_bwd_template.maybe_append_choice(
             choices, input_nodes=list(nodes), layout=layout,
-            mutated_inputs=[nodes[6], nodes[7]], subgraphs=[score, joint, subgraphs[2]],
-            **bwd_params_of(cfg))
+            mutated_inputs=[nodes[6], nodes[7], *grads],
+            subgraphs=[score, joint, subgraphs[2], ModificationSubgraph(scatters, dtypes)],
+            CAPTURED_GRADS=bool(scatters), **bwd_params_of(cfg))
         if error is not None:
             errors.append(str(error))
     return "; ".join(errors) if len(errors) == len(configs) else None

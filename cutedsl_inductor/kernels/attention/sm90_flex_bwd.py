@@ -1,6 +1,7 @@
 """FlexAttention backward for Hopper (sm_90a) in CuTe DSL: dQ, dK, dV from Q, K, V, dO,
 the forward's LSE and Inductor's delta = rowsum(dO * O) (less dLSE / ln 2), in two
-kernels launched one after the other on the caller's stream, neither with atomics.
+kernels launched one after the other on the caller's stream; the only atomics are the
+captured tensors' gradients (below).
 
 dK/dV kernel: one CTA per (128-row KV tile, KV head, Q batch), 3 warpgroups. Warp 0
 loads K and V once (two 64-row halves each) and then, for each Q head of the KV head's
@@ -28,7 +29,13 @@ written (zeros where no block is listed).
 
 Hooks (the template overrides them): ``score_mod`` and ``mask_mod`` as the forward's,
 ``joint_mod(score, grad, b, h, q_idx, kv_idx, in_bounds, captures)`` -> Float32: the
-gradient w.r.t. the pre-mod score, given ``grad`` w.r.t. the post-mod score.
+gradient w.r.t. the pre-mod score, given ``grad`` w.r.t. the post-mod score;
+``grad_captures(score, grad, b, h, q_idx, kv_idx, keep, captures)`` (where
+``captured_grads``): fp32 atomic adds of the element's share of the captured tensors'
+gradients into their (zeroed) buffers. Only the dK/dV kernel calls it, once per element
+it visits -- every (b, h, q_idx, kv_idx) of a listed block exactly once, GQA's Q heads
+and a broadcast KV batch included -- and only for kept ones (in bounds, mask_mod True),
+so nothing is counted twice or outside the problem; the dQ kernel adds nothing.
 
 Failure semantics: a ``FlexBwdConfig`` that cannot run raises ``ValueError`` at
 construction; operand dtypes or head dims the kernels cannot take raise ``ValueError``
@@ -105,6 +112,12 @@ class Sm90FlexBackward:
     @cute.jit
     def mask_mod(self, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         return cutlass.Boolean(True)
+
+    captured_grads = False  # whether grad_captures adds anything (the template says)
+
+    @cute.jit
+    def grad_captures(self, score, grad, b_idx, h_idx, q_idx, kv_idx, keep, captures):
+        """Add this element's share of the captured tensors' gradients (where ``keep``)."""
 
     # ------------------------------------------------------------- host entry
     @cute.jit
@@ -290,8 +303,10 @@ class Sm90FlexBackward:
 
     @cute.jit
     def score_grads(self, acc_s, acc_dp, cS, lse, delta, transposed, q_base, kv_base, b_idx,
-                    h_idx, captures):
-        """acc_dp <- dS = joint(P * (dP - delta)) where kept (acc_s > -inf), else 0."""
+                    h_idx, captures, add_grads):
+        """acc_dp <- dS = joint(P * (dP - delta)) where kept (acc_s > -inf), else 0; with
+        ``add_grads`` (the dK/dV kernel's, constexpr) each kept element's share of the
+        captured tensors' gradients is added too."""
         neg_inf = -cutlass.Float32.inf
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
@@ -302,8 +317,10 @@ class Sm90FlexBackward:
             k = self._stat(i, transposed)
             p = cute.math.exp2(cutlass.select_(keep, post * LOG2E, neg_inf) - lse[k],
                                fastmath=True)
-            grad = self.joint_mod(pre, p * (acc_dp[i] - delta[k]), b_idx, h_idx, q_idx, kv_idx,
-                                  in_bounds, captures)
+            ds = p * (acc_dp[i] - delta[k])
+            grad = self.joint_mod(pre, ds, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
+            if cutlass.const_expr(add_grads and self.captured_grads):
+                self.grad_captures(pre, ds, b_idx, h_idx, q_idx, kv_idx, keep, captures)
             acc_dp[i] = cutlass.select_(keep, grad, cutlass.Float32(0.0))
 
     @staticmethod
@@ -464,7 +481,7 @@ class Sm90FlexBackward:
         self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx, h_idx,
                          captures)
         self.score_grads(acc_s, acc_dp, cS, lse, delta, True, q_base, kv_base, b_idx, h_idx,
-                         captures)
+                         captures, True)
         rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
         rdS.store(acc_dp.load().to(self.dtype))
         warpgroup.fence()
@@ -550,7 +567,7 @@ class Sm90FlexBackward:
             self.keep_scores(acc_s, None, cS, lse, False, is_partial, q_base, kv_base, b_idx,
                              h_idx, captures)
             self.score_grads(acc_s, acc_dp, cS, lse, delta, False, q_base, kv_base, b_idx,
-                             h_idx, captures)
+                             h_idx, captures, False)
             rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
             rdS.store(acc_dp.load().to(self.dtype))
             warpgroup.fence()

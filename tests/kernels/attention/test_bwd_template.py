@@ -2,12 +2,16 @@
 head dims 64/128 x {no mods, causal, ALiBi with captured slopes, soft-capping, document
 mask}, GQA and a broadcast KV batch, on flex's real subgraphs (the score_mod, its joint
 graph and the mask_mod, traced by AOT autograd's backward, lowered by Inductor's
-``build_subgraph_buffer``); what the kernels cannot take is refused with the reason."""
+``build_subgraph_buffer``); captured tensors that need gradients (a learnable relative
+bias table, ALiBi slopes, a per-head temperature), their scatters rendered as fp32
+atomic adds; what the kernels cannot take is refused with the reason."""
 
 import functools
+import re
 
 import pytest
 import torch
+from torch._inductor import ir
 
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
@@ -50,10 +54,67 @@ def traced_backward(score_mod=None, mask_mod=None, dtype=torch.bfloat16):
     return score_gm, joint_gm, mask_gm, score_caps, mask_caps
 
 
+def learnable_rel_bias(score, b, h, q_idx, kv_idx, bias):
+    return score + bias[h, q_idx - kv_idx + S - 1]
+
+
+def learnable_alibi(score, b, h, q_idx, kv_idx, slopes):
+    return score + slopes[h] * (kv_idx - q_idx)
+
+
+def learnable_temperature(score, b, h, q_idx, kv_idx, temperature):
+    return score * temperature[h]
+
+
+def learnable_abs_bias(score, b, h, q_idx, kv_idx, bias):  # its gradient needs sign
+    return score + bias[h].abs()
+
+
+LEARNABLE = {"rel_bias": (learnable_rel_bias, (H, 2 * S - 1)),
+             "alibi": (learnable_alibi, (H,)), "temperature": (learnable_temperature, (H,)),
+             "abs_bias": (learnable_abs_bias, (H,))}
+
+
+@functools.lru_cache(maxsize=None)
+def traced_learnable(name, dtype=torch.bfloat16, captured_dtype=torch.float32):
+    """(score subgraph, joint graph, captured tensor) of a score_mod whose captured tensor
+    needs a gradient, traced as flex's autograd traces it: indexing under
+    ``TransformGetItemToIndex`` (so the joint graph scatters with ``zeros_and_scatter``),
+    decomposed as Inductor decomposes the graphs that hold them."""
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    from torch._higher_order_ops.flex_attention import create_fw_bw_graph
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mod, shape = LEARNABLE[name]
+    captured = torch.randn(shape, dtype=captured_dtype)
+    index_values = (torch.zeros((), dtype=dtype, requires_grad=True),
+                    *(torch.zeros((), dtype=torch.int32) for _ in range(4)))
+    args = [t.detach() for t in index_values]
+    with TransformGetItemToIndex():
+        _, joint_gm = create_fw_bw_graph(mod, index_values, (captured.requires_grad_(),))
+        fw_gm = make_fx(mod, decomposition_table=select_decomp_table())(
+            *args, captured.detach())
+    grad = torch.zeros((), dtype=fw_gm(*args, captured.detach()).dtype)
+    joint_gm = make_fx(joint_gm, decomposition_table=select_decomp_table())(
+        *args, grad, captured.detach())
+    return fw_gm, joint_gm, None, (captured.detach(),), ()
+
+
 def bwd_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_heads=H,
-               kv_batch=B):
-    """The backward lowering's autotuning inputs, grad_key's layout and the subgraphs."""
-    fw_gm, joint_gm, mask_gm, score_caps, mask_caps = traced_backward(*mods, dtype)
+               kv_batch=B, learnable=None, captured_dtype=torch.float32):
+    """The backward lowering's autotuning inputs, grad_key's layout and the subgraphs;
+    ``learnable``: a LEARNABLE score_mod (no mask_mod), its captured tensor needing a
+    gradient (the inputs then end with its zeroed fp32 gradient buffer, as the
+    lowering's do)."""
+    from torch._inductor.virtualized import V
+
+    if learnable is None:
+        fw_gm, joint_gm, mask_gm, score_caps, mask_caps = traced_backward(*mods, dtype)
+    else:
+        fw_gm, joint_gm, _, score_caps, mask_caps = traced_learnable(learnable, dtype,
+                                                                     captured_dtype)
+        mask_gm = traced_backward(None, None, dtype)[2]
     q = make_input(graph, "q", (B, H, S, head_dim), dtype)
     k = make_input(graph, "k", (kv_batch, kv_heads, S, head_dim), dtype)
     v = make_input(graph, "v", (kv_batch, kv_heads, S, head_dim), dtype)
@@ -72,11 +133,15 @@ def bwd_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_h
                                 score_caps, "score_cap")
     mask, mask_inputs = lowered_subgraph(graph, mask_gm, SCORE_PLACEHOLDERS[1:], mask_caps,
                                          "mask_cap")
+    scatters = []
+    if isinstance(joint.body, list):  # grad_input, four None, a scatter per captured tensor
+        scatters = [buf for buf in joint.body[5:] if buf is not None]
+    grads = [ir.TensorBox.create(V.graph.get_buffer(buf.get_name())) for buf in scatters]
     nodes = [q, k, v, lse, delta, grad_out, grad_query, grad_value, *sparse, *score_inputs,
-             *mask_inputs]
+             *mask_inputs, *grads]
     joint_body = joint.body[0] if isinstance(joint.body, list) else joint.body
     return (nodes, make_layout((B, kv_heads, S, head_dim), dtype),
-            [score.body, joint_body, mask.body, []])
+            [score.body, joint_body, mask.body, scatters])
 
 
 @pytest.mark.parametrize("mods", list(MODS))
@@ -125,12 +190,68 @@ def test_one_huge_block_without_full_blocks_compiles(graph):
     (dict(dtype=torch.float32), {}, None, "dtype torch.float32"),
     (dict(kv_heads=3), {}, None, "q heads 4 / kv heads 3"),
     ({}, dict(SPARSE_KV_BLOCK_SIZE=64), None, "both must be multiples of 128"),
-    ({}, {}, "captured grads", "captured tensors need gradients"),
+    (dict(learnable="rel_bias"), {}, "no scatter", "Pointwise, not a scatter"),
+    (dict(learnable="rel_bias"), {}, "no grad input", "are not among the inputs"),
+    (dict(learnable="rel_bias"), {}, "bf16 grad", "(fp32 only)"),
+    (dict(learnable="abs_bias"), {}, None, "op sign is not supported"),
 ])
 def test_refusals_say_why(graph, kwargs, options, subgraphs, reason):
     nodes, layout, graphs = bwd_inputs(graph, **kwargs)
-    if subgraphs:
-        graphs[3] = [graphs[0]]  # a scatter into a captured tensor's gradient
+    if subgraphs == "no scatter":  # the gradient computed elementwise, not scattered
+        graphs[3] = [graphs[0]]
+    elif subgraphs == "no grad input":
+        nodes = nodes[:-1]
+    elif subgraphs == "bf16 grad":  # an atomic add only into fp32
+        grad = nodes[-1]
+        nodes[-1] = make_input(graph, grad.get_name(), grad.get_size(), torch.bfloat16)
     choices = []
     assert reason in flex_bwd_choices(choices, nodes, layout, graphs, {**OPTIONS, **options})
     assert choices == []
+
+
+def kernel_text(choice):
+    """The rendered module's text before the entry."""
+    return choice.source.split("@cute.jit\ndef cutedsl_sm90_flex_attention_bwd")[0]
+
+
+@pytest.mark.parametrize("learnable", ["rel_bias", "alibi"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_captured_grads_compile(graph, dtype, head_dim, learnable):
+    """The joint graph's scatter becomes an fp32 atomic add into the gradient buffer (the
+    last input, a mutated one), in ``grad_captures`` under the kept-element guard."""
+    nodes, layout, subgraphs = bwd_inputs(graph, dtype, head_dim, learnable=learnable)
+    assert len(subgraphs[3]) == 1
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    text = kernel_text(choices[0])
+    guarded = text.split("def grad_captures(")[1].split("\n\n")[0]
+    assert "        if keep:\n" in guarded
+    adds = re.findall(r"cute\.arch\.red\(captures\[(\d)\]\.iterator \+ \((.*)\), (\w+), "
+                      r"op='add', dtype=cutlass\.Float32, sem='relaxed', scope='gpu'\)", guarded)
+    assert len(adds) == 1 and "cute.arch.red" not in text.replace(guarded, "")
+    slot, index, _ = adds[0]
+    # the gradient buffer is the captures entry the add goes to (after the captured tensor)
+    entry = choices[0].source.split("@cute.jit\ndef cutedsl_sm90_flex_attention_bwd")[1]
+    views = re.findall(r"cute\.make_tensor\((\w+)\.iterator", entry.split("kernel(")[-1])
+    assert views[int(slot)] == f"arg_input_{len(nodes) - 1}"
+    if learnable == "rel_bias":  # bias[h, q_idx - kv_idx + S - 1]: row stride 2 S - 1
+        assert f"{2 * S - 1}*" in index.replace(" ", "")
+    compiled = compiler.stats["compiled"]
+    choices[0].load()  # sm_90a, TVM-FFI
+    assert compiler.stats["compiled"] == compiled + 1
+
+
+@pytest.mark.parametrize("learnable, captured_dtype, kv_heads", [
+    ("temperature", torch.float32, H),  # the gradient reads the score: grad * score
+    ("rel_bias", torch.bfloat16, H),  # a 16-bit table: its gradient still adds in fp32
+    ("alibi", torch.float32, 2),  # GQA
+])
+def test_more_captured_grads_compile(graph, learnable, captured_dtype, kv_heads):
+    nodes, layout, subgraphs = bwd_inputs(graph, learnable=learnable, kv_heads=kv_heads,
+                                          captured_dtype=captured_dtype)
+    assert nodes[-1].get_dtype() == torch.float32  # zeros_and_scatter's buffer
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert "cute.arch.red(captures[1]" in kernel_text(choices[0])
+    choices[0].load()
