@@ -330,7 +330,10 @@ def test_backward_gqa(kv_heads, mask_mod):
 # Gradients of captured tensors: learnable tables whose gradients our dK/dV kernel adds
 # atomically (fp32) into the buffers Inductor zeroes; against float64 autograd of the
 # reference on a float64 copy of the table.
-CAPTURED_GRAD_TOLERANCE = 3e-2  # relative Frobenius error of a captured tensor's gradient
+# A captured tensor's gradient sums dS over whole rows, which sum to 0: its relative error
+# is that cancellation's, so ours is held to Inductor's Triton backward's on the same inputs.
+CAPTURED_GRAD_SLACK = 1.25  # ours' relative Frobenius error over Triton's, at most
+CAPTURED_GRAD_FLOOR = 1e-2  # ... or below this whatever Triton's is
 
 
 def learnable_relative_bias(bias, kv_len):
@@ -373,7 +376,21 @@ def check_captured_grads(q_len, kv_len, make_mod, table, *, heads=4, kv_heads=4,
     assert table.grad is not None and table.grad.dtype == table.dtype
     assert not torch.isnan(table.grad).any(), "NaN in the captured tensor's gradient"
     error = ((table.grad.double() - ref_table.grad).norm() / ref_table.grad.norm()).item()
-    assert error < CAPTURED_GRAD_TOLERANCE, f"captured gradient: relative error {error}"
+    triton = triton_captured_grad(q, k, v, grad_out, make_mod, table, block_mask)
+    triton_error = ((triton.double() - ref_table.grad).norm() / ref_table.grad.norm()).item()
+    assert error < max(CAPTURED_GRAD_FLOOR, CAPTURED_GRAD_SLACK * triton_error), \
+        f"captured gradient: relative error {error}, Triton's {triton_error}"
+
+
+def triton_captured_grad(q, k, v, grad_out, make_mod, table, block_mask):
+    """The gradient of ``table`` from Inductor's own (Triton) flex backward, same inputs."""
+    torch._dynamo.reset()
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    table = table.detach().requires_grad_()
+    out = compiled_flex()(q, k, v, score_mod=make_mod(table), block_mask=block_mask,
+                          enable_gqa=q.shape[1] != k.shape[1], kernel_options={"BACKEND": "TRITON"})
+    out.backward(grad_out)
+    return table.grad
 
 
 @pytest.mark.parametrize("mask_mod", [None, causal])

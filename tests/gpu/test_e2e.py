@@ -251,14 +251,18 @@ def test_torch_logs_show_source_and_path(tmp_path):
     assert "# kernel path: " in logs and "CuteDSL kernel cutedsl_elementwise_add_" in logs
 
 
-def test_consumer_of_a_template_stays_a_separate_kernel():
+@pytest.mark.parametrize("fusion", [False, True], ids=["fusion-off", "fusion-on"])
+def test_consumer_of_a_template_fuses_only_where_epilogue_fusion_is_on(fusion):
+    from cutedsl_inductor import config
     from cutedsl_inductor.kernels.elementwise import add_template
 
     x, y = (torch.randn(512, 256, device="cuda") for _ in range(2))
-    with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
+    with one_choice_lowering(add_template, THREADS=128, VECTOR=4), \
+            config.patch(epilogue_fusion=fusion):
         result, code = compile_and_run(lambda a, b: torch.relu(a + b) * 2, x, y)
     torch.testing.assert_close(result, torch.relu(x + y) * 2, rtol=0, atol=0)
-    assert "cutedsl_elementwise_add_" in code and "triton_poi_fused" in code
+    assert "cutedsl_elementwise_add_" in code
+    assert ("triton_poi_fused" in code) != fusion, "the consumer's kernel"
 
 
 def test_bench_gemm_writes_each_row_as_measured(tmp_path):
