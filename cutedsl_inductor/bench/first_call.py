@@ -135,7 +135,10 @@ def install_hooks() -> None:
 
     def listener(**kwargs: Any) -> None:
         total_us = getattr(kwargs.get("times"), "total", 0) or 0
-        _count("triton cache hit" if kwargs.get("cache_hit") else "triton compiled",
+        metadata = kwargs.get("metadata")
+        name = (metadata.get("name") if isinstance(metadata, dict) else None) or getattr(
+            kwargs.get("src"), "name", "?")
+        _count(f"triton {'cache hit' if kwargs.get('cache_hit') else 'compiled'} {name}",
                total_us / 1e6)
         if previous is not None:
             previous(**kwargs)
@@ -228,8 +231,19 @@ def _hooked_columns(before: dict[str, list[float]], now: dict[str, list[float]]
             "fc_inductor_remote_put_s": total("put ", 1),
             "fc_remote_by_cache": remote or None,
             "fc_triton_compiled": total("triton compiled", 0),
+            "fc_triton_compiled_kernels": _most_compiled(added),
             "fc_triton_cache_hits": total("triton cache hit", 0),
             "fc_triton_compile_s": total("triton ", 1)}
+
+
+def _most_compiled(added: dict[str, tuple[int, float]], top: int = 6) -> str | None:
+    """The kernels Triton compiled most often in the call, with their counts: a kernel
+    compiled many times in a warm process is one Inductor's coordinate descent re-tuned
+    (each config it tries is a compile)."""
+    prefix = "triton compiled "
+    counts = sorted(((name[len(prefix):], count) for name, (count, _) in added.items()
+                     if name.startswith(prefix)), key=lambda item: (-item[1], item[0]))
+    return "; ".join(f"{name} {count}" for name, count in counts[:top]) or None
 
 
 def _s(value: Any) -> str:
@@ -264,4 +278,6 @@ def describe(row: dict[str, Any], warm: bool = False) -> str:
         f"{_s(r['fc_cute_compile_s'])} s), redis {_n(r['fc_redis_round_trips'])} trips "
         f"{mb:.1f} MB {_s(r['fc_redis_s'])} s, decisions {_n(r['fc_decisions_local'])} local / "
         f"{_n(r['fc_decisions_remote'])} remote {_s(r['fc_decisions_s'])} s, cutlass "
-        f"{'imported' if r.get('cutlass_imported') else 'not imported'}")
+        f"{'imported' if r.get('cutlass_imported') else 'not imported'}"
+        + (f" | triton compiled most: {r['fc_triton_compiled_kernels']}"
+           if r.get("fc_triton_compiled_kernels") else ""))

@@ -8,7 +8,14 @@ import time
 import pytest
 import torch
 
-from cutedsl_inductor.bench.first_call import OURS, TORCH_COUNTS, TORCH_TIMES, Recorder, describe
+from cutedsl_inductor.bench.first_call import (
+    OURS,
+    TORCH_COUNTS,
+    TORCH_TIMES,
+    Recorder,
+    _hooked_columns,
+    describe,
+)
 from cutedsl_inductor.bench.model_report import write_csv
 from tests.compile.test_remote_cache import load_on
 
@@ -89,3 +96,15 @@ def test_the_line_and_the_csv_cells(tmp_path):
     header, values = (tmp_path / "rows.csv").read_text().splitlines()
     cells = dict(zip(header.split(","), values.split(","), strict=True))
     assert cells["warm_fc_compile_s"] == "" and cells["warm_fc_cute_remote"] == "48"
+
+
+def test_the_kernels_triton_compiled_most_often():
+    """Per-kernel counts from the listener's entries (a re-tuned kernel compiles once per
+    config tried); totals over all kernels as before."""
+    before = {"triton compiled triton_poi_0": [1, 0.5]}
+    now = {"triton compiled triton_poi_0": [4, 2.0], "triton compiled triton_red_1": [2, 1.0],
+           "triton cache hit triton_poi_2": [5, 0.1], "triton compiled triton_per_3": [1, 0.2]}
+    columns = _hooked_columns(before, now)
+    assert columns["fc_triton_compiled_kernels"] == "triton_poi_0 3; triton_red_1 2; triton_per_3 1"
+    assert columns["fc_triton_compiled"] == 6 and columns["fc_triton_cache_hits"] == 5
+    assert _hooked_columns({}, {})["fc_triton_compiled_kernels"] is None
