@@ -55,19 +55,19 @@ class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
     @cute.jit
     def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(0, "modified", score="score", b="b_idx", h="h_idx", m="q_idx",
-                       n="kv_idx", mask="in_bounds")}}
+                       n="kv_idx")}}
         return modified
 
     @cute.jit
     def joint_mod(self, score, grad, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(1, "grad_score", score="score", grad_score_mod="grad", b="b_idx",
-                       h="h_idx", m="q_idx", n="kv_idx", mask="in_bounds")}}
+                       h="h_idx", m="q_idx", n="kv_idx")}}
         return grad_score
 
     @cute.jit
     def mask_mod(self, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(2, "keep", b="b_idx", h="h_idx", m="q_idx", n="kv_idx",
-                       mask="in_bounds", input_dtypes={"b": "int32", "h": "int32", "m": "int32", "n": "int32"})}}
+                       input_dtypes={"b": "int32", "h": "int32", "m": "int32", "n": "int32"})}}
         return keep
 {%- if CAPTURED_GRADS %}
 

@@ -45,7 +45,10 @@ and consumers walk the same list; blocks not listed are never loaded.
 Hooks (the template overrides them with the rendered subgraphs): ``score_mod(score, b,
 h, q_idx, kv_idx, in_bounds, captures)`` -> Float32 and ``mask_mod(b, h, q_idx, kv_idx,
 in_bounds, captures)`` -> Boolean; ``in_bounds`` is False for elements outside
-(Q_LEN, KV_LEN), whose values are dropped.
+(Q_LEN, KV_LEN), whose values are dropped. The hooks see in-range indices only (an index
+past its length is given as 0), so a captured tensor's read needs no per-element guard:
+a read that depends on the query (the key) alone is one load per row (column), not one
+per element.
 
 Layouts: Q, K, V, O are torch's (B, H, S, D) with unit stride in D (TMA: 16-byte
 aligned other strides); GQA reads K/V head ``h // (H // H_kv)`` (a 0-stride mode), a
@@ -453,22 +456,26 @@ class Sm90FlexAttention:
         neg_inf = -cutlass.Float32.inf
         b32 = cutlass.Int32(b_idx)
         h32 = cutlass.Int32(h_idx)
+        zero = cutlass.Int32(0)
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             crd = cS[i]
             q_idx = cutlass.Int32(q_base + crd[0])
             kv_idx = cutlass.Int32(kv_base + crd[1])
+            q_in = q_idx < q_len
+            q_idx = cutlass.Int32(cutlass.select_(q_in, q_idx, zero))  # hooks: in range
             if cutlass.const_expr(masked):
                 kv_in = kv_idx < kv_len
-                in_bounds = kv_in & (q_idx < q_len)
+                kv_idx = cutlass.Int32(cutlass.select_(kv_in, kv_idx, zero))
+                in_bounds = kv_in & q_in
                 score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
                                        captures)
-                if is_partial:
-                    keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures)
-                    score = cutlass.select_(keep, score, neg_inf)
+                # no branch per element: a row's (a column's) reads stay in one block, shared
+                keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures) | ~is_partial
+                score = cutlass.select_(keep, score, neg_inf)
                 acc_s[i] = cutlass.select_(kv_in, score, neg_inf)
             else:
-                acc_s[i] = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx,
-                                          q_idx < q_len, captures)
+                acc_s[i] = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, q_in,
+                                          captures)
 
     @cute.jit
     def softmax_step(self, acc_s, row_max, row_sum, correction):

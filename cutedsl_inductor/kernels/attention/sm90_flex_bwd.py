@@ -23,8 +23,9 @@ B through a transposed view); dQ * scale stored (rows below Q_LEN).
 Invariants: LSE is in log2 units, as the forward stores it (``Sm90FlexAttention``): P =
 exp2(post_mod * log2e - LSE); a row's LSE of -inf (no key reached it) reads as 0, so
 its P is 0, as in Inductor's Triton backward. Elements outside (Q_LEN, KV_LEN) and
-masked ones get P = 0 and dS = 0 whatever score_mod or its gradient make of them;
-captured reads there are at index 0 (``in_bounds``). Every element of dQ, dK, dV is
+masked ones get P = 0 and dS = 0 whatever score_mod or its gradient make of them; the
+hooks see in-range indices only (an index past its length is given as 0), so their
+captured reads need no guard. Every element of dQ, dK, dV is
 written (zeros where no block is listed).
 
 Hooks (the template overrides them): ``score_mod`` and ``mask_mod`` as the forward's,
@@ -285,15 +286,27 @@ class Sm90FlexBackward:
     def keep_scores(self, acc_s, rP, cS, lse, transposed, is_partial, q_base, kv_base,
                     b_idx, h_idx, captures):
         """acc_s <- the scaled score where kept (in bounds, mask_mod True in partial
-        blocks), -inf elsewhere; rP (where given) <- P in the input dtype."""
+        blocks), -inf elsewhere; rP (where given) <- P in the input dtype. Partial or not
+        is chosen once per tile, not per element, so that a row's (a column's) captured
+        reads are one load, shared."""
+        args = (acc_s, rP, cS, lse, transposed, q_base, kv_base, b_idx, h_idx, captures)
+        if is_partial:
+            self.keep_tile_scores(*args, True)
+        else:
+            self.keep_tile_scores(*args, False)
+
+    @cute.jit
+    def keep_tile_scores(self, acc_s, rP, cS, lse, transposed, q_base, kv_base, b_idx, h_idx,
+                         captures, masked: cutlass.Constexpr):
+        """``keep_scores`` of a partial (``masked``) or a full block's tile."""
         scale = self.config.sm_scale
         neg_inf = -cutlass.Float32.inf
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
-            in_bounds = (q_idx < self.q_len) & (kv_idx < self.kv_len)
+            in_bounds, q_idx, kv_idx = self._in_range(
+                *self._coords(cS[i], transposed, q_base, kv_base))
             pre = acc_s[i] * scale
             keep = in_bounds
-            if is_partial:
+            if cutlass.const_expr(masked):
                 keep = keep & self.mask_mod(b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
             if cutlass.const_expr(rP is not None):
                 post = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
@@ -309,8 +322,8 @@ class Sm90FlexBackward:
         captured tensors' gradients is added too."""
         neg_inf = -cutlass.Float32.inf
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
-            in_bounds = (q_idx < self.q_len) & (kv_idx < self.kv_len)
+            in_bounds, q_idx, kv_idx = self._in_range(
+                *self._coords(cS[i], transposed, q_base, kv_base))
             pre = acc_s[i]
             keep = pre > neg_inf
             post = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
@@ -322,6 +335,16 @@ class Sm90FlexBackward:
             if cutlass.const_expr(add_grads and self.captured_grads):
                 self.grad_captures(pre, ds, b_idx, h_idx, q_idx, kv_idx, keep, captures)
             acc_dp[i] = cutlass.select_(keep, grad, cutlass.Float32(0.0))
+
+    def _in_range(self, q_idx, kv_idx):
+        """(in_bounds, q_idx, kv_idx), an index past its length given as 0: the hooks see
+        in-range indices only, so a captured read needs no per-element guard (which would
+        make a row's or a column's one read a read per element)."""
+        zero = cutlass.Int32(0)
+        q_in = q_idx < self.q_len
+        kv_in = kv_idx < self.kv_len
+        return (q_in & kv_in, cutlass.Int32(cutlass.select_(q_in, q_idx, zero)),
+                cutlass.Int32(cutlass.select_(kv_in, kv_idx, zero)))
 
     @staticmethod
     def _coords(crd, transposed, q_base, kv_base):

@@ -49,13 +49,13 @@ class {{kernel_name}}_Flex(Sm90FlexAttention):
     @cute.jit
     def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(0, "modified", score="score", b="b_idx", h="h_idx", m="q_idx",
-                       n="kv_idx", mask="in_bounds")}}
+                       n="kv_idx")}}
         return modified
 
     @cute.jit
     def mask_mod(self, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
         {{modification(1, "keep", b="b_idx", h="h_idx", m="q_idx", n="kv_idx",
-                       mask="in_bounds", input_dtypes={"b": "int32", "h": "int32", "m": "int32", "n": "int32"})}}
+                       input_dtypes={"b": "int32", "h": "int32", "m": "int32", "n": "int32"})}}
         return keep
 
 
