@@ -1,0 +1,61 @@
+"""A captured tensor's read in the FlexAttention kernels is one load per row, column or
+CTA where its index depends on the query, the key or the head alone, not one per
+element: the kernels hand the hooks in-range indices and choose partial or full once per
+tile, so the rendered reads need no per-element guard or branch. Checked in the PTX of
+real GPU-less compiles (``CUTE_DSL_KEEP=ptx``, read when CuTe DSL is imported: a
+subprocess), by counting ``ld.global``: with a guard or a branch per element, the
+forward's document mask had 264, its ALiBi 140, the backward's dK/dV and dQ kernels
+104 and 74."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = r"""
+import torch, torch.fx
+from torch._inductor.graph import GraphLowering
+from torch._inductor.virtualized import V
+from cutedsl_inductor import config
+from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
+from cutedsl_inductor.kernels.attention.template import flex_choices
+from tests.kernels.attention import test_bwd_template as bwd, test_template as fwd
+
+for direction, mods in (("fwd", "document"), ("fwd", "alibi"), ("bwd", "document")):
+    with config.patch(disk_cache=False), \
+            V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
+        side, make = (fwd, flex_choices) if direction == "fwd" else (bwd, flex_bwd_choices)
+        inputs = fwd.flex_inputs if direction == "fwd" else bwd.bwd_inputs
+        nodes, layout, subgraphs = inputs(V.graph, torch.bfloat16, 128, side.MODS[mods])
+        choices = []
+        assert make(choices, nodes, layout, subgraphs, side.OPTIONS) is None
+        choices[0].load()
+        print(f"{direction}-{mods}", choices[0].name)
+"""
+
+# the most ld.global each kernel may have (now: 76, 12, 58, 28)
+BOUNDS = {("fwd-document", "flex_attention"): 100, ("fwd-alibi", "flex_attention"): 16,
+          ("bwd-document", "dkdv"): 70, ("bwd-document", "dq"): 40}
+
+
+def test_captured_reads_are_shared_by_a_row_or_a_column(tmp_path):
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
+           "CUTE_DSL_DUMP_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    choice_of = dict(line.split() for line in run.stdout.splitlines() if line.count(" ") == 1)
+    loads = {}
+    for label, name in choice_of.items():
+        (ptx,) = tmp_path.glob(f"cutlass_{name}_main_*.ptx")  # CuTe names it by the entry
+        for entry in re.split(r"\.entry ", ptx.read_text())[1:]:
+            entry_name = entry.split("(", 1)[0]
+            kernel = ("dq" if "_dq_" in entry_name else "dkdv" if "_dkdv_" in entry_name
+                      else "flex_attention")
+            loads[label, kernel] = len(re.findall(r"\bld\.global", entry))
+    assert set(loads) == set(BOUNDS), loads
+    over = {key: n for key, n in loads.items() if n > BOUNDS[key]}
+    assert not over, f"ld.global per kernel {loads}, over the bounds {BOUNDS}"
