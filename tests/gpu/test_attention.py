@@ -256,15 +256,31 @@ def run_ours_backward(q, k, v, grad_out, score_mod, block_mask):
     return q.grad, k.grad, v.grad, "\n".join(codes)
 
 
-def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
-                   dtype=torch.bfloat16, score_mod=None, mask_mod=None, mask_per_head=False):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    torch.manual_seed(q_len * 11 + kv_len)
+def backward_inputs(seed, batch, heads, kv_heads, q_len, kv_len, head_dim, dtype):
+    """Fresh random q, k, v and grad_out."""
+    torch.manual_seed(seed)
     q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
     grad_out = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
+    return q, k, v, grad_out
+
+
+def assert_grads_close(grads, ref, dtype):
+    """dq, dk, dv: in ``dtype``, ref's shapes, no NaN, within GRAD_TOLERANCE of float64."""
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref, strict=True):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert not torch.isnan(got).any(), f"NaN in {name}"
+        error = ((got.double() - want.grad).norm() / want.grad.norm()).item()
+        assert error < GRAD_TOLERANCE, f"{name}: relative error {error}"
+
+
+def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
+                   dtype=torch.bfloat16, score_mod=None, mask_mod=None, mask_per_head=False):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v, grad_out = backward_inputs(q_len * 11 + kv_len, batch, heads, kv_heads,
+                                        q_len, kv_len, head_dim, dtype)
     block_mask = None
     if mask_mod is not None:
         block_mask = create_block_mask(mask_mod, batch if mask_per_head else None,
@@ -275,11 +291,7 @@ def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     out, _ = reference(*ref, 1.0 / math.sqrt(head_dim), score_mod, mask_mod)
     out.backward(grad_out.double())
-    for name, got, want in zip(("dq", "dk", "dv"), grads[:3], ref):
-        assert got.dtype == dtype and got.shape == want.shape, name
-        assert not torch.isnan(got).any(), f"NaN in {name}"
-        error = ((got.double() - want.grad).norm() / want.grad.norm()).item()
-        assert error < GRAD_TOLERANCE, f"{name}: relative error {error}"
+    assert_grads_close(grads[:3], ref, dtype)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -354,11 +366,8 @@ def check_captured_grads(q_len, kv_len, make_mod, table, *, heads=4, kv_heads=4,
     from our backward, which must be in the output code, against float64."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    torch.manual_seed(q_len * 13 + kv_len)
-    q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype)
-    grad_out = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype)
+    q, k, v, grad_out = backward_inputs(q_len * 13 + kv_len, batch, heads, kv_heads,
+                                        q_len, kv_len, head_dim, dtype)
     block_mask = None
     if mask_mod is not None:
         block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, device="cuda")
@@ -369,10 +378,7 @@ def check_captured_grads(q_len, kv_len, make_mod, table, *, heads=4, kv_heads=4,
     ref_table = table.detach().double().requires_grad_()
     out, _ = reference(*ref, 1.0 / math.sqrt(head_dim), make_mod(ref_table), mask_mod)
     out.backward(grad_out.double())
-    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
-        assert not torch.isnan(got).any(), f"NaN in {name}"
-        error = ((got.double() - want.grad).norm() / want.grad.norm()).item()
-        assert error < GRAD_TOLERANCE, f"{name}: relative error {error}"
+    assert_grads_close(grads, ref, dtype)
     assert table.grad is not None and table.grad.dtype == table.dtype
     assert not torch.isnan(table.grad).any(), "NaN in the captured tensor's gradient"
     error = ((table.grad.double() - ref_table.grad).norm() / ref_table.grad.norm()).item()
