@@ -210,6 +210,11 @@ compile_workers: int = _knob(
 autotune_settle_ms: int = _knob(
     "autotune_settle_ms", "CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, Integer(0, 60000),
     "ms our first choice runs untimed before an autotuning's first timing (0: off)")
+coordesc_recheck: bool = _knob(
+    "coordesc_recheck", "CUTEDSL_INDUCTOR_COORDESC_RECHECK", True, Boolean(),
+    "on torch 2.11, a warm process applies the coordinate-descent config a "
+    "previous one cached for a single-config Triton kernel, as torch 2.13 does, instead "
+    "of tuning it again at its first launch (`inductor/coordesc.py`)")
 remote_cache: bool = _knob(
     "remote_cache", "CUTEDSL_INDUCTOR_REMOTE_CACHE", False, Boolean(),
     "a Redis tier under the disk cache: kernels and tuning decisions fetched and published "

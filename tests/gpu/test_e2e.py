@@ -314,3 +314,37 @@ def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):
         ceiling = float(row["gemm_alone"]) / float(row["max_autotune"])
         assert float(row["ceiling"]) == pytest.approx(ceiling) and ceiling > 0
     assert "blocks (in every round on" in run.stdout
+
+
+COORDESC_SCRIPT = textwrap.dedent("""
+    import torch
+    import cutedsl_inductor  # noqa: F401
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(4096, 4096, device="cuda")
+    fn = torch.compile(lambda t: (t * 2 + 1).relu().sigmoid(), mode="max-autotune-no-cudagraphs")
+    torch.testing.assert_close(fn(x), (x * 2 + 1).relu().sigmoid())
+    print("coordesc", counters["inductor"]["coordesc_tuning_bench"],
+          "fx_hits", counters["inductor"]["fxgraph_cache_hit"])
+""")
+
+
+@pytest.mark.parametrize("recheck", ["1", "0"])
+def test_a_warm_process_does_not_tune_a_pointwise_kernel_again(tmp_path, recheck):
+    """Coordinate descent tunes the compiled pointwise kernel in the cold process; the warm
+    one (an FX graph cache hit) reuses its config and tunes nothing. Torch 2.11 re-tunes
+    without our recheck (``inductor/coordesc.py``); 2.13 does not either way."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "CUTEDSL_INDUCTOR_COORDESC_RECHECK": recheck}
+    counts = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", COORDESC_SCRIPT], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        words = run.stdout.split()
+        counts.append((int(words[words.index("coordesc") + 1]),
+                       int(words[words.index("fx_hits") + 1])))
+    (cold, cold_hits), (warm, warm_hits) = counts
+    assert cold > 0 and cold_hits == 0 and warm_hits == 1, counts
+    fixed_upstream = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
+    assert (warm == 0) if recheck == "1" or fixed_upstream else (warm > 0), counts
