@@ -200,8 +200,9 @@ flex_only_ours: bool = _knob(
     "times", changes_code=True)
 flex_pipelined: bool = _knob(
     "flex_pipelined", "CUTEDSL_INDUCTOR_FLEX_PIPELINED", True, Boolean(),
-    "our FlexAttention forward overlaps its softmax with its two GEMMs (off: the serial "
-    "mainloop, to compare)", changes_code=True)
+    "our FlexAttention kernels overlap their softmax with their GEMMs (forward: S_t with "
+    "P_{t-1} V; backward dK/dV: P^T with dP^T, dS^T with dV; off: the serial loops, to "
+    "compare)", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

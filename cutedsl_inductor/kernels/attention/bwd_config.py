@@ -27,6 +27,7 @@ class FlexBwdConfig:
     sparse_kv_block: int  # its KV block size (a multiple of KV_TILE)
     has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
     sm_scale: float
+    pipelined: bool = True  # dK/dV: P and dS overlapped with the GEMMs (False: serial)
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
@@ -52,13 +53,14 @@ class FlexBwdConfig:
 
 
 def default_bwd_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
-                        has_full_blocks: bool, sm_scale: float) -> list[FlexBwdConfig]:
+                        has_full_blocks: bool, sm_scale: float,
+                        pipelined: bool = True) -> list[FlexBwdConfig]:
     """The configs offered, best guess first; those that do not fit are left out."""
     out = []
     for stages in ((2,) if head_dim == 128 else (3, 2)):
         try:
             out.append(FlexBwdConfig(head_dim, stages, sparse_q_block, sparse_kv_block,
-                                     has_full_blocks, sm_scale))
+                                     has_full_blocks, sm_scale, pipelined))
         except ValueError:
             continue
     return out

@@ -83,7 +83,8 @@ class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
 {{def_kernel("q", "k", "v", "lse", "delta", "grad_out", "grad_query", "grad_value", "kv_num_blocks", "kv_indices", "q_num_blocks", "q_indices", "full_kv_num_blocks", "full_kv_indices", "full_q_num_blocks", "full_q_indices")}}
     kernel = {{kernel_name}}_FlexBwd(FlexBwdConfig(
         head_dim=HEAD_DIM, stages=STAGES, sparse_q_block=SPARSE_Q_BLOCK,
-        sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE))
+        sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE,
+        pipelined=PIPELINED))
     kernel(q, k, v, lse, delta, grad_out, grad_query, {{get_output()}}, grad_value,
            q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, kv_num_blocks,
            kv_indices, full_kv_num_blocks, full_kv_indices, {{modification_inputs()}}, stream)
@@ -144,7 +145,7 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
         configs = default_bwd_configs(head_dim, int(options["SPARSE_Q_BLOCK_SIZE"]),
                                       int(options["SPARSE_KV_BLOCK_SIZE"]),
                                       bool(options["HAS_FULL_BLOCKS"]),
-                                      float(options["SM_SCALE"]))
+                                      float(options["SM_SCALE"]), config.flex_pipelined)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -174,4 +175,4 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
 def bwd_params_of(cfg: FlexBwdConfig) -> dict[str, Any]:
     return dict(HEAD_DIM=cfg.head_dim, STAGES=cfg.stages, SPARSE_Q_BLOCK=cfg.sparse_q_block,
                 SPARSE_KV_BLOCK=cfg.sparse_kv_block, HAS_FULL_BLOCKS=cfg.has_full_blocks,
-                SM_SCALE=cfg.sm_scale)
+                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined)

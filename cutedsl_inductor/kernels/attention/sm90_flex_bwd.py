@@ -11,7 +11,11 @@ group and each Q tile of 64 rows that the BlockMask's transposed lists name
 S^T = K Q^T and dP^T = V dO^T (WGMMA, smem operands), P^T = exp2(score_mod(S^T
 scale) log2e - LSE) (0 where masked or out of bounds), dV += P^T dO, dS^T = joint(P^T
 (dP^T - delta)) (0 where masked), dK += dS^T Q (A from registers; dO and Q as
-MN-major B through a transposed view of their tiles). The end stores dK * scale and dV
+MN-major B through a transposed view of their tiles). Pipelined (``FlexBwdConfig.pipelined``):
+S^T and dP^T are commit groups of their own, P^T is computed while dP^T runs and dV's
+GEMM is issued before dS^T is computed, so each elementwise pass overlaps a GEMM (no
+register an in-flight WGMMA reads or writes is touched before its wait); serial: both
+waited for, then both elementwise passes, then both GEMMs. The end stores dK * scale and dV
 (rows below KV_LEN) into the (Q batch, KV head) slices: a broadcast KV batch is summed
 by Inductor's lowering, GQA's Q heads inside the CTA.
 
@@ -495,20 +499,35 @@ class Sm90FlexBackward:
         lse = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
         delta = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
         self.load_stats(mLSE, mDelta, cS, True, q_base, b_idx, h_idx, lse, delta)
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
         warpgroup.fence()
         self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
-        self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
-        self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx, h_idx,
-                         captures)
+        if cutlass.const_expr(self.config.pipelined):
+            # S^T, then dP^T, in commit groups of their own: P^T while dP^T runs, then
+            # dV's GEMM issued and dS^T computed while it runs
+            warpgroup.commit_group()
+            self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # S^T is in
+            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx,
+                             h_idx, captures)
+            warpgroup.fence()
+            self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # dP^T is in; dV += P^T dO may still run
+        else:
+            self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx,
+                             h_idx, captures)
         self.score_grads(acc_s, acc_dp, cS, lse, delta, True, q_base, kv_base, b_idx, h_idx,
                          captures, True)
-        rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
         rdS.store(acc_dp.load().to(self.dtype))
         warpgroup.fence()
-        self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
+        if cutlass.const_expr(not self.config.pipelined):
+            self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
         self.gemm_rs(mma_rs, acc_dk, rdS, tKrQt, stage)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
