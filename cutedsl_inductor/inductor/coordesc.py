@@ -4,9 +4,10 @@ Under ``coordinate_descent_tuning`` (``mode="max-autotune"``) Inductor tunes eac
 kernel at its first launch and saves the config it found in its autotune cache. A warm
 process loads the kernels of a cached graph from the FX graph cache's Triton bundle and
 asks that cache again (``CachingAutotuner.recheck_autotune_cache``); in torch 2.11 the
-answer is applied only to a kernel compiled with more than one config, so every
-single-config kernel (most pointwise ones) is tuned again at its first launch, each try
-a Triton compile and a timing: seconds of a warm process's first call. Torch 2.13 applies the cached
+answer is applied only to a kernel compiled with more than one config, so a
+single-config kernel (under max-autotune: a persistent reduction whose row fills the
+block, such as a softmax over 1024 columns) is tuned again at its first launch, each try
+a Triton compile and a timing. Torch 2.13 applies the cached
 config whatever the number compiled; ``install_coordesc_recheck()`` gives an older
 version that behaviour (``config.coordesc_recheck``; a no-op where torch has it, decided
 by reading the method's source for the condition).

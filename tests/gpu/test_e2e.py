@@ -321,19 +321,20 @@ COORDESC_SCRIPT = textwrap.dedent("""
     import cutedsl_inductor  # noqa: F401
     from torch._dynamo.utils import counters
 
-    x = torch.randn(4096, 4096, device="cuda")
-    fn = torch.compile(lambda t: (t * 2 + 1).relu().sigmoid(), mode="max-autotune-no-cudagraphs")
-    torch.testing.assert_close(fn(x), (x * 2 + 1).relu().sigmoid())
+    # a softmax over 1024 columns: a persistent reduction with one config under max-autotune
+    x = torch.randn(4096, 1024, device="cuda")
+    fn = torch.compile(lambda t: torch.softmax(t * 2, -1), mode="max-autotune-no-cudagraphs")
+    torch.testing.assert_close(fn(x), torch.softmax(x * 2, -1))
     print("coordesc", counters["inductor"]["coordesc_tuning_bench"],
           "fx_hits", counters["inductor"]["fxgraph_cache_hit"])
 """)
 
 
 @pytest.mark.parametrize("recheck", ["1", "0"])
-def test_a_warm_process_does_not_tune_a_pointwise_kernel_again(tmp_path, recheck):
-    """Coordinate descent tunes the compiled pointwise kernel in the cold process; the warm
-    one (an FX graph cache hit) reuses its config and tunes nothing. Torch 2.11 re-tunes
-    without our recheck (``inductor/coordesc.py``); 2.13 does not either way."""
+def test_a_warm_process_does_not_tune_a_single_config_kernel_again(tmp_path, recheck):
+    """Coordinate descent tunes the compiled kernel (one config) in the cold process; the
+    warm one (an FX graph cache hit) reuses its config and tunes nothing. Torch 2.11
+    re-tunes without our recheck (``inductor/coordesc.py``); 2.13 does not either way."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "CUTEDSL_INDUCTOR_COORDESC_RECHECK": recheck}
     counts = []
