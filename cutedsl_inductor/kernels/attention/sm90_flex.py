@@ -97,6 +97,13 @@ def _tree_reduce(values, op):
     return values[0]
 
 
+def in_range(idx, length):
+    """(idx < length, idx where it is, else 0): the index the hooks see, always in range,
+    so that their captured reads need no per-element guard."""
+    inside = idx < length
+    return inside, cutlass.Int32(cutlass.select_(inside, idx, cutlass.Int32(0)))
+
+
 def _as_a_operand(layout, cols):
     """The same registers as the A operand of an m64 k16 WGMMA: per k-block of 16 the
     values ((2 columns, 2 rows, 2 halves of 8 columns), 1, cols / 16)."""
@@ -456,16 +463,12 @@ class Sm90FlexAttention:
         neg_inf = -cutlass.Float32.inf
         b32 = cutlass.Int32(b_idx)
         h32 = cutlass.Int32(h_idx)
-        zero = cutlass.Int32(0)
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             crd = cS[i]
-            q_idx = cutlass.Int32(q_base + crd[0])
+            q_in, q_idx = in_range(cutlass.Int32(q_base + crd[0]), q_len)
             kv_idx = cutlass.Int32(kv_base + crd[1])
-            q_in = q_idx < q_len
-            q_idx = cutlass.Int32(cutlass.select_(q_in, q_idx, zero))  # hooks: in range
             if cutlass.const_expr(masked):
-                kv_in = kv_idx < kv_len
-                kv_idx = cutlass.Int32(cutlass.select_(kv_in, kv_idx, zero))
+                kv_in, kv_idx = in_range(kv_idx, kv_len)
                 in_bounds = kv_in & q_in
                 score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
                                        captures)

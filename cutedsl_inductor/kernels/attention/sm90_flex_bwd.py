@@ -57,7 +57,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
-from .sm90_flex import LOG2E, THREADS_PER_WG, WG_M, _as_a_operand
+from .sm90_flex import LOG2E, THREADS_PER_WG, WG_M, _as_a_operand, in_range
 
 __all__ = ["Sm90FlexBackward"]
 
@@ -341,14 +341,10 @@ class Sm90FlexBackward:
             acc_dp[i] = cutlass.select_(keep, grad, cutlass.Float32(0.0))
 
     def _in_range(self, q_idx, kv_idx):
-        """(in_bounds, q_idx, kv_idx), an index past its length given as 0: the hooks see
-        in-range indices only, so a captured read needs no per-element guard (which would
-        make a row's or a column's one read a read per element)."""
-        zero = cutlass.Int32(0)
-        q_in = q_idx < self.q_len
-        kv_in = kv_idx < self.kv_len
-        return (q_in & kv_in, cutlass.Int32(cutlass.select_(q_in, q_idx, zero)),
-                cutlass.Int32(cutlass.select_(kv_in, kv_idx, zero)))
+        """(in_bounds, q_idx, kv_idx) with each index in range (``in_range``)."""
+        q_in, q_idx = in_range(q_idx, self.q_len)
+        kv_in, kv_idx = in_range(kv_idx, self.kv_len)
+        return q_in & kv_in, q_idx, kv_idx
 
     @staticmethod
     def _coords(crd, transposed, q_base, kv_base):
