@@ -3,14 +3,16 @@
 Under ``coordinate_descent_tuning`` (``mode="max-autotune"``) Inductor tunes each Triton
 kernel at its first launch and saves the config it found in its autotune cache. A warm
 process loads the kernels of a cached graph from the FX graph cache's Triton bundle and
-asks that cache again (``CachingAutotuner.recheck_autotune_cache``); in torch 2.11 the
-answer is applied only to a kernel compiled with more than one config, so a
-single-config kernel (under max-autotune: a persistent reduction whose row fills the
-block, such as a softmax over 1024 columns) is tuned again at its first launch, each try
-a Triton compile and a timing. Torch 2.13 applies the cached
-config whatever the number compiled; ``install_coordesc_recheck()`` gives an older
-version that behaviour (``config.coordesc_recheck``; a no-op where torch has it, decided
-by reading the method's source for the condition).
+asks that cache again (``CachingAutotuner.recheck_autotune_cache``). Torch 2.11 drops
+the answer twice over: a kernel compiled with one config (under max-autotune: a
+persistent reduction whose row fills the block, such as a softmax over 1024 columns)
+ignores it, and a kernel compiled with several keeps the cached config but not its mark
+``found_by_coordesc``, which is what the first launch reads to skip tuning. Either way
+the warm process tunes again, each try a Triton compile and a timing. Torch 2.13 applies
+the cached config and its mark whatever the number compiled;
+``install_coordesc_recheck()`` gives an older version that behaviour
+(``config.coordesc_recheck``; a no-op where torch has it, decided by reading the
+method's source for the condition).
 
 Invariant: the config applied is the one a previous process found and saved for this
 kernel (same source file, same configs hash: Inductor's own lookup), so the warm process
