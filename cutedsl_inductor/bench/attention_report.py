@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import csv_rows, read_csv_rows
-from .gemm_plot import MARKERS, geomean, pyplot, ratio_axis, setup_line
+from .gemm_plot import MARKERS, geomean, pyplot, range_bars, ratio_axis, setup_line
 
 CASE_FIELDS = ["batch", "heads", "seq", "head_dim", "mask", "dtype"]
 REFS = ("triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn")  # what ours is compared with
@@ -105,12 +105,8 @@ def _series(ax: Any, rows: list[dict[str, Any]], cases: list[str], key: str,
     for i, group in enumerate(groups):
         mine = [r for r in rows if group_of(r) == group and not math.isnan(r[key])]
         offset = (i - (len(groups) - 1) / 2) * 0.8 / len(groups)
-        ys = [r[key] for r in mine]
-        spread = [[y - r.get(f"{key}_min", y) for r, y in zip(mine, ys)],
-                  [r.get(f"{key}_max", y) - y for r, y in zip(mine, ys)]]
-        ax.errorbar([cases.index(case_name(r)) + offset for r in mine], ys,
-                    yerr=[[0.0 if math.isnan(d) else d for d in side] for side in spread],
-                    fmt=MARKERS[i % len(MARKERS)], markersize=4, elinewidth=0.8,
+        ax.errorbar([cases.index(case_name(r)) + offset for r in mine], [r[key] for r in mine],
+                    yerr=range_bars(mine, key), fmt=MARKERS[i % len(MARKERS)], markersize=4, elinewidth=0.8,
                     label=" ".join(group))
     ax.set_xticks(range(len(cases)), cases, rotation=55, ha="right", rotation_mode="anchor",
                   fontsize=7)

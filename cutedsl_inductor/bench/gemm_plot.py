@@ -73,6 +73,16 @@ def ratio_axis(ax: Any, values: list[float]) -> None:
     ax.axhline(1.0, color="0.3", linewidth=0.8)
 
 
+def range_bars(rows: list[dict[str, Any]], key: str) -> list[list[float]]:
+    """matplotlib's ``yerr`` for ``key`` of ``rows``: the distances down to ``key``_min and
+    up to ``key``_max, 0 where a bound is missing or NaN, never negative (a ratio of
+    medians may lie a rounding outside the range of the rounds' ratios)."""
+    def gap(a: float, b: float) -> float:
+        return 0.0 if math.isnan(a - b) else max(0.0, a - b)
+    return [[gap(r[key], r.get(f"{key}_min", r[key])) for r in rows],
+            [gap(r.get(f"{key}_max", r[key]), r[key]) for r in rows]]
+
+
 def _group(shape: tuple[int, int, int]) -> tuple[int, ...]:
     """Squares first, then the shapes of each weight (N, K), by M."""
     m, n, k = shape
@@ -91,10 +101,7 @@ def _panel(ax: Any, rows: list[dict[str, Any]], ref: str, name: str,
         offset = (i - (len(variants) - 1) / 2) * 0.8 / len(variants)
         xs = [shapes.index((r["m"], r["n"], r["k"])) + offset for r in mine]
         ys = [r[f"vs_{ref}"] for r in mine]
-        spread = [[y - r.get(f"vs_{ref}_min", y) for r, y in zip(mine, ys)],
-                  [r.get(f"vs_{ref}_max", y) - y for r, y in zip(mine, ys)]]
-        spread = [[0.0 if math.isnan(d) else d for d in side] for side in spread]
-        ax.errorbar(xs, ys, yerr=spread, fmt=MARKERS[i % len(MARKERS)], markersize=4,
+        ax.errorbar(xs, ys, yerr=range_bars(mine, f"vs_{ref}"), fmt=MARKERS[i % len(MARKERS)], markersize=4,
                     elinewidth=0.8, label=" ".join(variant))
     values = [r[f"vs_{ref}"] for r in rows]
     ratio_axis(ax, values + [v for r in rows for v in (r.get(f"vs_{ref}_min", math.nan),

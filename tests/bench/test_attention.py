@@ -142,8 +142,10 @@ def rows_of_a_run():
                 if name == "ours":
                     for ref in ("triton", "sdpa-flash")[:2 if mask == "causal" else 1]:
                         ratio = 2.0 if ref == "triton" else 3.0
+                        # Triton's: the ratio of medians a rounding above the rounds' range
+                        high = ratio * (1 - 1e-7 if ref == "triton" else 1.01)
                         row.update({f"vs_{ref}": ratio, f"vs_{ref}_min": ratio * 0.98,
-                                    f"vs_{ref}_max": ratio * 1.01})
+                                    f"vs_{ref}_max": high})
                 if name == "sdpa-cudnn":
                     row = attention._row(case, direction, name, 0.5, "RuntimeError: no cuDNN")
                 rows.append(row)
