@@ -213,9 +213,9 @@ autotune_settle_ms: int = _knob(
     "ms our first choice runs untimed before an autotuning's first timing (0: off)")
 coordesc_recheck: bool = _knob(
     "coordesc_recheck", "CUTEDSL_INDUCTOR_COORDESC_RECHECK", True, Boolean(),
-    "on torch 2.11, a warm process applies the coordinate-descent config a "
-    "previous one cached for a single-config Triton kernel, as torch 2.13 does, instead "
-    "of tuning it again at its first launch (`inductor/coordesc.py`)")
+    "a warm process runs the coordinate-descent configs an earlier one cached for its "
+    "Triton kernels instead of tuning them again at their first launch, where torch 2.11 "
+    "or Triton's Config pickling loses them (`inductor/coordesc.py`)")
 remote_cache: bool = _knob(
     "remote_cache", "CUTEDSL_INDUCTOR_REMOTE_CACHE", False, Boolean(),
     "a Redis tier under the disk cache: kernels and tuning decisions fetched and published "

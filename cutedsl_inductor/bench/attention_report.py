@@ -106,8 +106,8 @@ def _series(ax: Any, rows: list[dict[str, Any]], cases: list[str], key: str,
         mine = [r for r in rows if group_of(r) == group and not math.isnan(r[key])]
         offset = (i - (len(groups) - 1) / 2) * 0.8 / len(groups)
         ax.errorbar([cases.index(case_name(r)) + offset for r in mine], [r[key] for r in mine],
-                    yerr=range_bars(mine, key), fmt=MARKERS[i % len(MARKERS)], markersize=4, elinewidth=0.8,
-                    label=" ".join(group))
+                    yerr=range_bars(mine, key), fmt=MARKERS[i % len(MARKERS)], markersize=4,
+                    elinewidth=0.8, label=" ".join(group))
     ax.set_xticks(range(len(cases)), cases, rotation=55, ha="right", rotation_mode="anchor",
                   fontsize=7)
     ax.set_xlim(-0.6, len(cases) - 0.4)

@@ -101,8 +101,8 @@ def _panel(ax: Any, rows: list[dict[str, Any]], ref: str, name: str,
         offset = (i - (len(variants) - 1) / 2) * 0.8 / len(variants)
         xs = [shapes.index((r["m"], r["n"], r["k"])) + offset for r in mine]
         ys = [r[f"vs_{ref}"] for r in mine]
-        ax.errorbar(xs, ys, yerr=range_bars(mine, f"vs_{ref}"), fmt=MARKERS[i % len(MARKERS)], markersize=4,
-                    elinewidth=0.8, label=" ".join(variant))
+        ax.errorbar(xs, ys, yerr=range_bars(mine, f"vs_{ref}"), fmt=MARKERS[i % len(MARKERS)],
+                    markersize=4, elinewidth=0.8, label=" ".join(variant))
     values = [r[f"vs_{ref}"] for r in rows]
     ratio_axis(ax, values + [v for r in rows for v in (r.get(f"vs_{ref}_min", math.nan),
                                                        r.get(f"vs_{ref}_max", math.nan))])

@@ -7,9 +7,10 @@ lowering (``flex``, off unless asked for), the clock settling before autotuning
 (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the SwiGLU rewrite
 (``swiglu``). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
 off Inductor's output code is what it would be without the package; every pass is keyed
-for the FX graph cache. One change reaches every graph, at run time, not in its code: on
-torch 2.11 a warm process reuses its Triton kernels' cached coordinate-descent
-configs as torch 2.13 does (``coordesc``; knob ``coordesc_recheck``).
+for the FX graph cache. One change reaches every graph, at run time, not in its code: a
+warm process reuses its Triton kernels' cached coordinate-descent configs instead of
+tuning them again (``coordesc``: where torch 2.11 or Triton's Config pickling loses
+them; knob ``coordesc_recheck``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch._inductor.codegen import common
 from ..autotune.select import install_clock_settling
 from .cache_key import install_cache_key
 from .choices import install_choices
-from .coordesc import install_coordesc_recheck
+from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_pre_fusion_pass
 from .scheduling import CuteDSLCombinedScheduling
@@ -36,7 +37,7 @@ def install() -> None:
     install_clock_settling()
     install_pre_fusion_pass()
     install_swiglu()
-    install_coordesc_recheck()
+    install_coordesc_reuse()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(
