@@ -11,7 +11,9 @@
 #                                             compile_workers (host CPUs only, no GPU)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
-# (PYTEST_ARGS: other paths or options).
+# (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
+# run past PYTEST_TIMEOUT seconds is interrupted (SIGINT), so that it still prints its
+# summary: the failures and their short tracebacks up to there.
 # bench_gemm_shards (bench_epilogue_shards) runs shard SHARD_FIRST.. of SHARDS (env) of the
 # full suite, one per GPU in parallel, into $OUT/gemm_shard_K ($OUT/epilogue_shard_K); merge
 # the GEMM ones with `bench gemm --merge DIR ...`; the attention ones are merged into
@@ -48,7 +50,10 @@ step() {
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
 steps=${*:-precompiled pytest demo launch bench_gemm bench_epilogue}
-gpu_tests() { python3 -m pytest -m gpu -q -p no:cacheprovider "$@"; }
+gpu_tests() {
+  timeout -s INT -k 30 "${PYTEST_TIMEOUT:-3000}" \
+    python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider "$@"
+}
 nvidia-smi -L
 for s in $steps; do
   case $s in
