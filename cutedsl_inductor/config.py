@@ -203,6 +203,11 @@ flex_pipelined: bool = _knob(
     "our FlexAttention kernels overlap their softmax with their GEMMs (forward: S_t with "
     "P_{t-1} V; backward dK/dV: P^T with dP^T, dS^T with dV; off: the serial loops, to "
     "compare)", changes_code=True)
+flex_pingpong: bool = _knob(
+    "flex_pingpong", "CUTEDSL_INDUCTOR_FLEX_PINGPONG", False, Boolean(),
+    "our FlexAttention forward's two consumer warpgroups take turns issuing their GEMMs "
+    "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
+    "only; off until timed on the H200)", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

@@ -164,6 +164,20 @@ def test_the_serial_mainloop(monkeypatch, head_dim, mask_mod):
         check(1000, 1000, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask_mod", [None, causal, "document"])
+@pytest.mark.parametrize("q_len, kv_len", [(1000, 1000), (333, 77), (64, 700)])
+def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len):
+    """``config.flex_pingpong`` on: the warpgroups take turns issuing their GEMMs (a turn
+    missed or doubled hangs the CTA; one KV tile, several, a tile only half full)."""
+    if mask_mod == "document":
+        if q_len != kv_len:
+            pytest.skip("document ids index queries and keys alike")
+        mask_mod = make_document(q_len)
+    with config.patch(flex_pingpong=True):
+        check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
+
+
 @pytest.mark.parametrize("q_len", [512, 777])
 def test_sliding_window(monkeypatch, q_len):
     check(q_len, q_len, monkeypatch, mask_mod=sliding_window, dtype=torch.float16)

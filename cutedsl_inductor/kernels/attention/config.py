@@ -25,6 +25,7 @@ class FlexConfig:
     has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
     sm_scale: float
     pipelined: bool = True  # softmax overlapped with the GEMMs (False: the serial mainloop)
+    pingpong: bool = False  # the consumer warpgroups take turns issuing their GEMMs
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
@@ -38,6 +39,8 @@ class FlexConfig:
         if self.sparse_kv_block % self.block_n:
             raise ValueError(f"the BlockMask's KV block size {self.sparse_kv_block} is not a "
                              f"multiple of block_n={self.block_n}")
+        if self.pingpong and not self.pipelined:
+            raise ValueError("ping-pong turns are taken in the pipelined mainloop only")
         if self.smem_bytes() > SMEM_BYTES:
             raise ValueError(f"{self.stages} stages of {self.block_n}x{self.head_dim} K and V "
                              f"need {self.smem_bytes()} bytes of shared memory")
@@ -54,7 +57,7 @@ class FlexConfig:
 
 def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
                     has_full_blocks: bool, sm_scale: float,
-                    pipelined: bool = True) -> list[FlexConfig]:
+                    pipelined: bool = True, pingpong: bool = False) -> list[FlexConfig]:
     """The configs offered for a problem, best guess first; those that do not fit are
     left out (an empty list: nothing suits)."""
     shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
@@ -62,7 +65,8 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
     for block_n, stages in shapes:
         try:
             out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
-                                  has_full_blocks, sm_scale, pipelined))
+                                  has_full_blocks, sm_scale, pipelined,
+                                  pingpong and pipelined))
         except ValueError:
             continue
     return out

@@ -32,8 +32,10 @@ TiledMma set only inside a helper is not carried out of the caller's region). pt
 hoists a wgmma wait to the top of the basic block it sits in, so ``scores_step`` traces
 the softmax into both arms of its mask branch: the join, and with it the wait, come
 after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX order).
-The two warpgroups are not ping-ponged: their GEMMs and softmaxes interleave as the
-warp schedulers take them.
+With ``FlexConfig.pingpong`` (knob ``flex_pingpong``, off until timed) the two warpgroups
+take turns issuing their GEMMs (named barriers 1 and 2), so that one's softmax runs while
+the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
+schedulers take them.
 
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
@@ -357,11 +359,14 @@ class Sm90FlexAttention:
             # tile 0's S alone; then per tile t: S_t and O += P_{t-1} V_{t-1} issued
             # together, S_t waited for (wait_group 1) and softmaxed while the P V GEMM runs
             if total > 0:
+                self.first_turn(wg)
                 n_tile, is_partial = self.kv_tile_of(blocks, 0)
                 k_pipe.consumer_wait(k_state)
+                self.wait_turn(wg)
                 warpgroup.fence()
                 qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
                 self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
+                self.pass_turn(wg)
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
@@ -371,12 +376,14 @@ class Sm90FlexAttention:
             for t in cutlass.range(1, total, unroll=1):
                 n_tile, is_partial = self.kv_tile_of(blocks, t)
                 k_pipe.consumer_wait(k_state)
+                self.wait_turn(wg)
                 warpgroup.fence()
                 qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
                 self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
                 v_pipe.consumer_wait(v_state)
                 warpgroup.fence()  # (else ptxas adds one: the wait's spin loop ends its view)
                 self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                self.pass_turn(wg)
                 warpgroup.wait_group(1)  # S_t is in; P_{t-1} V_{t-1} may still run
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
@@ -389,8 +396,10 @@ class Sm90FlexAttention:
                 rP.store(acc_s.load().to(self.dtype))
             if total > 0:
                 v_pipe.consumer_wait(v_state)
+                self.wait_turn(wg)
                 warpgroup.fence()
                 self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                self.pass_turn(wg, True)
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
         else:
@@ -415,6 +424,34 @@ class Sm90FlexAttention:
                 v_state.advance()
         self.finish(acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
                     q_len)
+
+    # ----------------------------------------------------- ping-pong turns
+    # With ``config.pingpong`` the consumer warpgroups take turns issuing their GEMMs, so
+    # that one's softmax runs while the other's GEMMs do. Warpgroup w waits for its turn
+    # on named barrier w (bar.sync of its 128 threads) until the other has arrived there
+    # (bar.arrive of its 128) after issuing. Warpgroup 1 goes first (2 arrives once
+    # before its first turn) and 2 takes the last turn without passing it on, so every
+    # arrive has one wait: per warpgroup, its tiles + 1 turns (tile 0's S, each S with
+    # the previous P V, the last P V).
+    @cute.jit
+    def first_turn(self, wg):
+        if cutlass.const_expr(self.config.pingpong):
+            if wg == 2:
+                self.pass_turn(wg)
+
+    @cute.jit
+    def wait_turn(self, wg):
+        if cutlass.const_expr(self.config.pingpong):
+            pipeline.NamedBarrier(barrier_id=wg,
+                                  num_threads=2 * THREADS_PER_WG).arrive_and_wait()
+
+    @cute.jit
+    def pass_turn(self, wg, last: cutlass.Constexpr = False):
+        """Hand the turn to the other warpgroup (after the ``last`` turn: 1 only)."""
+        if cutlass.const_expr(self.config.pingpong):
+            if wg == 1 or not last:
+                pipeline.NamedBarrier(barrier_id=3 - wg,
+                                      num_threads=2 * THREADS_PER_WG).arrive()
 
     @cute.jit
     def issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, wg, stage):

@@ -82,3 +82,26 @@ def test_the_serial_mainloop_waits_for_each_gemm(tmp_path):
     commits = [m.start() for m in re.finditer(r"wgmma\.commit_group", ptx)]
     waits = [m.start() for m in WAIT.finditer(ptx)]
     assert all(c < w for c, w in zip(commits, waits))
+
+
+def test_pingpong_turns_hold_each_warpgroups_gemm_issue_and_pair_every_arrive(tmp_path):
+    """Each turn: wait for it (bar.sync on the warpgroup's barrier, 256 threads), issue
+    the turn's WGMMAs, pass it on (bar.arrive on the other's); no exp2 inside a turn.
+    Warpgroup 2 arrives on 1's barrier once before the first turn and does not pass the
+    last one: two arrives are predicated, so the PTX holds the turn structure, not its
+    counts per warpgroup."""
+    cfg = FlexConfig(128, 128, 2, 128, 128, True, 0.125, pipelined=True, pingpong=True)
+    ptx = _ptx(cfg, tmp_path / "pingpong")
+    bars = [(m.start(), m.group(1), m.group(2)) for m in re.finditer(
+        r"\bbar(?:rier)?\.(sync|arrive)(?:\.aligned)?\s+(%r\d+|\d+),\s*256;", ptx)]
+    syncs = [at for at, kind, _ in bars if kind == "sync"]
+    assert len(syncs) == 3  # tile 0's S, the loop's S + P V, the last P V
+    assert not re.search(r"\bbar(?:rier)?\.\w+(?:\.aligned)?\s+(%r\d+|\d+),\s*(?!256)\d+;",
+                         ptx[syncs[0]:syncs[-1]])
+    for at in syncs:  # each turn's WGMMAs lie between its wait and the next arrive
+        following = [b for b, kind, _ in bars if kind == "arrive" and b > at]
+        end = following[0] if following else len(ptx)
+        turn = ptx[at:end]
+        assert MMA.search(turn) and "ex2.approx" not in turn
+    plain = _ptx(_config(True), tmp_path / "plain")  # its bar.syncs: barrier 0, all threads
+    assert "bar.arrive" not in plain and not re.search(r"\bbar\.sync\s+%r\d+", plain)
