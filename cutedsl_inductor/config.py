@@ -213,6 +213,10 @@ compile_workers: int = _knob(
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
     "processes compiling the choices Inductor precompiles (0: in this process)",
     default_doc="half the CPUs, at most 8; 0 below 4 CPUs")
+compile_prefetch: bool = _knob(
+    "compile_prefetch", "CUTEDSL_INDUCTOR_COMPILE_PREFETCH", False, Boolean(),
+    "our choices start building in the compile workers when they are made, not when "
+    "their op is autotuned (`runtime/workers.py`; off until timed on the H200)")
 autotune_settle_ms: int = _knob(
     "autotune_settle_ms", "CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, Integer(0, 60000),
     "ms our first choice runs untimed before an autotuning's first timing (0: off)")

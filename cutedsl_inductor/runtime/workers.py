@@ -7,6 +7,12 @@ compiles it into the disk cache; the choice then loads the binary from there (a 
 hit, milliseconds). A kernel already in memory or on disk never goes to a worker, nor
 does an upstream-style entry (it compiles in its first call, not when loaded).
 
+With ``config.compile_prefetch`` a choice's build starts when the choice is made
+(``prefetch``, from background threads), not when Inductor precompiles it: under
+max-autotune Inductor defers that to each op's autotuning, one op after another, so the
+kernels of later ops build while earlier ones are timed. One kernel is built by one
+worker at a time: a build asked for while another is under way waits for it.
+
 A worker is ``python -c "<import this module and serve()>"`` (not ``-m``, which would
 import the module twice: as ``__main__`` and through the package), started on first need and
 kept for the life of this process; requests and replies are pickles over its stdin and
@@ -105,16 +111,73 @@ _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _running = 0
 _LOCK = threading.Lock()
 _cannot_start: str | None = None
+# kernel key -> set when its worker build ends, and how many prefetch threads serve the
+# prefetch queue (both guarded by _LOCK)
+_BUILDING: dict[str, threading.Event] = {}
+_PREFETCHES: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+_prefetchers = 0
 
 
 def build_in_worker(request: Any) -> str | None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
     worker could help (none configured, no writable disk cache, the kernel already
     built): where the worker found it ("compiled", "disk"), or None when no worker
-    built it."""
+    built it here (a build of it already under way elsewhere in this process is waited
+    for: the disk cache then has it, or the caller's own load compiles it and says why
+    it cannot)."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
-            or not _compiles_when_loaded(request) or not _worker_would_help(request)):
+            or not _compiles_when_loaded(request)):
         return None
+    key = _key_to_build(request)
+    if key is None:
+        return None
+    with _LOCK:
+        under_way = _BUILDING.get(key)
+        if under_way is None:
+            _BUILDING[key] = mine = threading.Event()
+    if under_way is not None:
+        under_way.wait()
+        return None
+    try:
+        return _build_in_a_worker(request)
+    finally:
+        with _LOCK:
+            del _BUILDING[key]
+        mine.set()
+
+
+def prefetch(request: Any) -> None:
+    """With ``config.compile_prefetch``, start building ``request``'s kernel in a worker
+    now, from a background thread, instead of when Inductor precompiles its choice (it
+    defers that to the choice's autotuning, one op after another): what is built is in
+    the disk cache by then, or under way and waited for. A prefetch never raises; a
+    failed one leaves the kernel to its precompile, which says why."""
+    global _prefetchers
+    if not config.compile_prefetch or config.compile_workers < 1:
+        return
+    _PREFETCHES.put(request)
+    with _LOCK:
+        start = _prefetchers < config.compile_workers
+        _prefetchers += start
+    if start:
+        threading.Thread(target=_prefetching, name="cutedsl-prefetch", daemon=True).start()
+
+
+def _prefetching() -> None:
+    """A prefetch thread: build queued requests for good. One whose knobs are no longer
+    this process's is dropped (only Inductor's threads build under ``config.patch``:
+    this thread would restore stale globals on its way out)."""
+    while True:
+        request = _PREFETCHES.get()
+        if _changed(request.knobs):
+            continue
+        try:
+            build_in_worker(request)
+        except Exception as err:  # noqa: BLE001 - its precompile raises it again, in full
+            log.debug("prefetching %s failed: %s", request.kernel_name, err)
+
+
+def _build_in_a_worker(request: Any) -> str | None:
     try:
         worker = _acquire(request.knobs["arch"])
     except OSError as err:  # not even spawned
@@ -167,13 +230,21 @@ def _compiles_when_loaded(request: Any) -> bool:
                      request.source) is not None
 
 
-def _worker_would_help(request: Any) -> bool:
-    """Whether what a worker stores would reach this process: the disk cache takes it
-    (it is writable) and ``request``'s kernel is neither compiled here nor there yet."""
-    with config.patch(**request.knobs):
+def _changed(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Those of ``knobs`` that differ from this process's now."""
+    return {name: value for name, value in knobs.items() if getattr(config, name) != value}
+
+
+def _key_to_build(request: Any) -> str | None:
+    """``request``'s kernel key where what a worker stores would reach this process: the
+    disk cache takes it (it is writable) and the kernel is neither compiled here nor
+    there yet; else None. (Its knobs are patched in only where they differ: a prefetch
+    thread, whose knobs never do, writes no globals.)"""
+    with config.patch(**_changed(request.knobs)):
         cache = default_cache()
         key = kernel_key(request.kernel_name, request.source, request.specs)
-        return cache.mode.writable and key not in compiler._COMPILED and not cache.has(key)
+        usable = cache.mode.writable and key not in compiler._COMPILED and not cache.has(key)
+    return key if usable else None
 
 
 def _acquire(arch: str) -> _Worker:

@@ -1,7 +1,8 @@
 """CuteDSLTemplateCaller: one template x parameter set as an Inductor ``ChoiceCaller``.
 
 ``precompile`` compiles the choice (Inductor calls it from a thread pool before
-benchmarking), ``benchmark`` times it on Inductor's example tensors (``fastest_ms``,
+benchmarking; with ``config.compile_prefetch`` its build starts when it is made:
+``runtime/workers.py``), ``benchmark`` times it on Inductor's example tensors (``fastest_ms``,
 see ``autotune/benchmark_request.py``), ``output_node`` turns the winner into a
 ``CuteDSLTemplateBuffer``. ``hash_key`` is the template name
 and the hash of the rendered source and argument specs, identical in every process.
@@ -34,7 +35,7 @@ from ..compile import versions
 from ..compile.specs import ArgSpec, specs_key
 from ..exc import format_params
 from ..runtime.loader import load_kernel
-from ..runtime.workers import build_in_worker
+from ..runtime.workers import build_in_worker, prefetch
 from .buffer import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
@@ -121,6 +122,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         )
         self.failure: Exception | None = None
         self._wrapper: Any = None
+        prefetch(self.bmreq)
 
     # -- autotuning ----------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 import os
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -157,3 +159,52 @@ def test_a_worker_says_ready_and_warns_of_nothing():
     assert run.returncode == 0, run.stderr.decode()[-2000:]
     assert pickle.loads(run.stdout) == workers._READY
     assert b"Warning" not in run.stderr
+
+
+def wait_until_built(choices, seconds=180):
+    deadline = time.monotonic() + seconds
+    while any(workers._key_to_build(c.bmreq) is not None for c in choices):
+        assert time.monotonic() < deadline, "the prefetched kernels were not built"
+        time.sleep(0.2)
+
+
+def test_prefetched_choices_build_when_made_and_their_precompile_loads_them(
+        graph, two_workers, monkeypatch):
+    monkeypatch.setattr(config, "compile_prefetch", True)
+    choices = add_choices(graph, (64, 128, 256))
+    wait_until_built(choices)  # nobody asked for them yet
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda choice: choice.precompile(), choices))
+    assert [c.failure for c in choices] == [None, None, None]
+    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 3
+
+
+def test_without_prefetch_a_made_choice_builds_nothing(graph, two_workers):
+    (choice,) = add_choices(graph, (64,))
+    time.sleep(1.0)
+    assert workers._key_to_build(choice.bmreq) is not None
+
+
+def test_a_build_under_way_is_waited_for_not_started_again(graph, two_workers):
+    (choice,) = add_choices(graph, (128,))
+    start = threading.Barrier(2)
+
+    def build():
+        start.wait()
+        return workers.build_in_worker(choice.bmreq)
+
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: build(), range(2)))
+    assert sorted(replies, key=str) == [None, "compiled"]  # one worker built it, once
+    choice.load()
+    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 1
+
+
+def test_a_prefetch_whose_knobs_changed_is_dropped(graph, two_workers, monkeypatch):
+    (choice,) = add_choices(graph, (256,))
+    monkeypatch.setattr(config, "compile_prefetch", True)
+    with config.patch(compile_options="--opt-level 2"):  # not the choice's any more
+        workers.prefetch(choice.bmreq)
+        time.sleep(1.0)
+    monkeypatch.setattr(config, "compile_prefetch", False)
+    assert workers._key_to_build(choice.bmreq) is not None
