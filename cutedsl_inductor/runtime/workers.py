@@ -118,17 +118,19 @@ _PREFETCHES: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
 _prefetchers = 0
 
 
-def build_in_worker(request: Any) -> str | None:
+def build_in_worker(request: Any, background: bool = False) -> str | None:
     """Compile ``request``'s kernel into the disk cache in a worker process, unless no
     worker could help (none configured, no writable disk cache, the kernel already
     built): where the worker found it ("compiled", "disk"), or None when no worker
     built it here (a build of it already under way elsewhere in this process is waited
     for: the disk cache then has it, or the caller's own load compiles it and says why
-    it cannot)."""
+    it cannot). ``background`` (a prefetch thread): where the request's knobs are no
+    longer this process's, nothing is done (``config.patch`` from that thread could
+    restore stale globals under another thread's feet)."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
             or not _compiles_when_loaded(request)):
         return None
-    key = _key_to_build(request)
+    key = _key_to_build(request, background)
     if key is None:
         return None
     with _LOCK:
@@ -164,15 +166,12 @@ def prefetch(request: Any) -> None:
 
 
 def _prefetching() -> None:
-    """A prefetch thread: build queued requests for good. One whose knobs are no longer
-    this process's is dropped (only Inductor's threads build under ``config.patch``:
-    this thread would restore stale globals on its way out)."""
+    """A prefetch thread: build queued requests for good (one whose knobs are no longer
+    this process's is dropped)."""
     while True:
         request = _PREFETCHES.get()
-        if _changed(request.knobs):
-            continue
         try:
-            build_in_worker(request)
+            build_in_worker(request, background=True)
         except Exception as err:  # noqa: BLE001 - its precompile raises it again, in full
             log.debug("prefetching %s failed: %s", request.kernel_name, err)
 
@@ -235,12 +234,15 @@ def _changed(knobs: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in knobs.items() if getattr(config, name) != value}
 
 
-def _key_to_build(request: Any) -> str | None:
+def _key_to_build(request: Any, background: bool) -> str | None:
     """``request``'s kernel key where what a worker stores would reach this process: the
     disk cache takes it (it is writable) and the kernel is neither compiled here nor
-    there yet; else None. (Its knobs are patched in only where they differ: a prefetch
-    thread, whose knobs never do, writes no globals.)"""
-    with config.patch(**_changed(request.knobs)):
+    there yet; else None. Its knobs are patched in only where they differ (an empty
+    patch writes nothing), and not at all for a ``background`` request: it is dropped."""
+    changed = _changed(request.knobs)
+    if changed and background:
+        return None
+    with config.patch(**changed):
         cache = default_cache()
         key = kernel_key(request.kernel_name, request.source, request.specs)
         usable = cache.mode.writable and key not in compiler._COMPILED and not cache.has(key)

@@ -163,7 +163,7 @@ def test_a_worker_says_ready_and_warns_of_nothing():
 
 def wait_until_built(choices, seconds=180):
     deadline = time.monotonic() + seconds
-    while any(workers._key_to_build(c.bmreq) is not None for c in choices):
+    while any(workers._key_to_build(c.bmreq, False) is not None for c in choices):
         assert time.monotonic() < deadline, "the prefetched kernels were not built"
         time.sleep(0.2)
 
@@ -182,7 +182,7 @@ def test_prefetched_choices_build_when_made_and_their_precompile_loads_them(
 def test_without_prefetch_a_made_choice_builds_nothing(graph, two_workers):
     (choice,) = add_choices(graph, (64,))
     time.sleep(1.0)
-    assert workers._key_to_build(choice.bmreq) is not None
+    assert workers._key_to_build(choice.bmreq, False) is not None
 
 
 def test_a_build_under_way_is_waited_for_not_started_again(graph, two_workers):
@@ -207,4 +207,4 @@ def test_a_prefetch_whose_knobs_changed_is_dropped(graph, two_workers, monkeypat
         workers.prefetch(choice.bmreq)
         time.sleep(1.0)
     monkeypatch.setattr(config, "compile_prefetch", False)
-    assert workers._key_to_build(choice.bmreq) is not None
+    assert workers._key_to_build(choice.bmreq, False) is not None
