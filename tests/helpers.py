@@ -11,6 +11,9 @@ from cutedsl_inductor.bench.lowering import (  # noqa: F401 (the tests' helpers 
     virtual_sm90_patches,
 )
 
+# this torch's (major, minor), for behaviour that differs between releases
+TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2])
+
 
 def make_input(graph, name, shape, dtype=torch.float32, stride=None, offset=0):
     from torch._inductor import ir

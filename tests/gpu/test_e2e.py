@@ -13,6 +13,8 @@ from unittest.mock import patch
 import pytest
 import torch
 
+from tests.helpers import TORCH
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,7 +318,6 @@ def test_bench_epilogue_times_the_captured_variants_in_rounds(tmp_path):
     assert "blocks (in every round on" in run.stdout
 
 
-TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2])
 COORDESC_SCRIPT = textwrap.dedent("""
     import sys
     import torch

@@ -8,7 +8,6 @@ fields as Triton's does). The warm-process behaviour itself is a GPU test
 import inspect
 import pickle
 
-import torch
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
 import cutedsl_inductor  # noqa: F401  (installs)
@@ -19,8 +18,9 @@ from cutedsl_inductor.inductor.coordesc import (
     _skipping_on_a_hit,
     install_coordesc_reuse,
 )
+from tests.helpers import TORCH
 
-TORCH_2_13 = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
+TORCH_2_13 = TORCH >= (2, 13)
 
 
 def test_recheck_replaced_exactly_where_torch_skips_single_config_kernels():
