@@ -242,6 +242,21 @@ def test_captured_grads_compile(graph, dtype, head_dim, learnable):
     assert compiler.stats["compiled"] == compiled + 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_slope_gradient_keeps_the_index_difference_exact(graph, dtype):
+    """ALiBi's slope gradient is grad * (kv_idx - q_idx): the joint graph casts the index
+    difference to the 16-bit score dtype, which Triton computes as fp32. A 16-bit cast
+    here would round every distance past 256 (bf16) or 2048 (fp16)."""
+    nodes, layout, subgraphs = bwd_inputs(graph, dtype, 64, learnable="alibi")
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    guarded = kernel_text(choices[0]).split("def grad_captures(")[1].split("\n\n")[0]
+    difference = re.search(r"(\w+) = (\w+) - (\w+)\n", guarded)
+    assert difference, guarded
+    assert f"{difference[1]}.to(cutlass.Float32)" in guarded
+    assert not re.search(r"\.to\(cutlass\.B?Float16\)", guarded), guarded
+
+
 @pytest.mark.parametrize("learnable, captured_dtype, kv_heads", [
     ("temperature", torch.float32, H),  # the gradient reads the score: grad * score
     ("rel_bias", torch.bfloat16, H),  # a 16-bit table: its gradient still adds in fp32
