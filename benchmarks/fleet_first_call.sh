@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue #37 on a GPU machine: two "machines" (fresh local caches each: bench model makes
-# them per run) sharing one Redis, Llama prefill, max-autotune (Inductor's FX-graph and
-# autotune remote caches) and cutedsl (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). Run 1:
-# cold, then local-warm; run 2: its cold process is remote-warm, then local-warm. Each
-# first call's breakdown is the "first call" lines under each row (bench/first_call.py).
+# them per run) sharing one Redis, Llama prefill, max-autotune (Inductor's remote caches:
+# FX graph, autotune and AOT autograd, the last sparing a remote-warm process AOT autograd's
+# trace as the local one spares a warm one; AUTOGRAD_REMOTE=0 leaves it off) and cutedsl
+# (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). Run 1: cold, then local-warm; run 2: its
+# cold process is remote-warm, then local-warm. Each first call's breakdown is the "first
+# call" lines under each row (bench/first_call.py).
 #
 # From the repository root, carrying .device/b .device/r (install.sh, its wheels; the
 # redis wheel and server .debs); $OUT collects the logs, CSVs and the children's logs.
@@ -23,7 +25,8 @@ if ! /root/redis/usr/bin/redis-cli -p 6390 ping >/dev/null 2>&1; then
     --logfile /root/redis/redis.log; sleep 1
 fi
 export TORCHINDUCTOR_REDIS_PORT=6390 CUTEDSL_INDUCTOR_REMOTE_CACHE=1 \
-  TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=1
+  TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=1 \
+  TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=${AUTOGRAD_REMOTE:-1}
 
 reap() {  # end every process whose environment holds the tag $1, by pid
   local pids
