@@ -39,10 +39,8 @@ from ..compile.compiler import target_arch
 from ..compile.specs import ArgSpec
 from ..runtime.loader import load_kernel
 
-# On the H200 one timing of a 64x64x128 c2x1 addmm choice at 128x4096x4096 read
-# 0.0355 ms where that kernel runs in 0.016-0.018 (0.0183 with relu(.)*s+r fused), which
-# left it out of the fused candidates: 0.94 of Inductor max-autotune for that block,
-# against 1.19 with it.
+# One timing can read twice a kernel's time and drop a winner from the fused candidates
+# (the case is in docs/measurements.md); a second one rarely does too.
 TIMINGS = 2
 # Calls between two synchronizes while settling the clocks: the host stays at most this
 # many launches ahead of the GPU.

@@ -63,7 +63,7 @@ from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
 from . import prologue
 from .cache_key import package_fingerprint
-from .scheduling import CuteDSLScheduling, render_kernel
+from .scheduling import CuteDSLScheduling, fusion_estimate_ms, render_kernel
 
 try:  # torch 2.13 keys a scheduler pass of this kind into the FX graph cache
     from torch._inductor.custom_graph_pass import CustomSchedulerPass as SchedulerPass
@@ -226,19 +226,13 @@ def pointwise_consumers(node: Any) -> list[Any]:
             if isinstance(c, SchedulerNode) and not (c.is_template() or c.is_reduction())]
 
 
-# What fusing a pointwise consumer saves: the output written and read back at this
-# fraction of the H200's HBM bandwidth, and one kernel launch as seen inside a CUDA graph.
-_BYTES_PER_MS = 3.5e9
-_LAUNCH_MS = 0.002
-
-
 def fusion_saving_ms(node: Any) -> float:
     """0 unless a pointwise node consumes ``node``'s output."""
     if not pointwise_consumers(node):
         return 0.0
     buffer = node.node
     numel = V.graph.sizevars.optimization_hint(buffer.get_numel(), fallback=0)
-    return 2 * numel * buffer.get_dtype().itemsize / _BYTES_PER_MS + _LAUNCH_MS
+    return fusion_estimate_ms(2 * numel * buffer.get_dtype().itemsize)  # written, read back
 
 
 def install_pre_fusion_pass() -> None:

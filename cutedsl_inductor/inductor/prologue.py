@@ -42,14 +42,10 @@ from .. import config
 from ..autotune.retime import fastest_in_rounds
 from ..runtime.loader import load_kernel
 from ..template.epilogue import IDENTITY
-from .scheduling import CuteDSLScheduling, is_cutedsl_template, render_kernel
+from .scheduling import (CuteDSLScheduling, fusion_estimate_ms, is_cutedsl_template,
+                         render_kernel)
 
 log = logging.getLogger(__name__)
-
-# What fusing a producer saves where it is estimated (``prologue_saving_ms``): its bytes
-# at this fraction of the H200's HBM bandwidth, and one launch inside a CUDA graph.
-_BYTES_PER_MS = 3.5e9
-_LAUNCH_MS = 0.002
 
 
 def enabled() -> bool:
@@ -106,7 +102,7 @@ def prologue_saving_ms(node: Any) -> float:
     if not candidates:
         return 0.0
     nbytes = max(p.get_read_buffer_sizes() + p.get_write_buffer_sizes() for p in candidates)
-    return nbytes / _BYTES_PER_MS + _LAUNCH_MS
+    return fusion_estimate_ms(nbytes)
 
 
 def _wins(template: Any, plan: Any) -> bool:
