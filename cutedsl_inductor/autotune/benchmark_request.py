@@ -19,11 +19,16 @@ only ever adds time, so the other timing stands. The choice marked to settle the
 
 Invariants: holds no tensor and nothing of CUDA (it crosses process boundaries); runs
 the same binary as the in-process path (same source, specs and compile key).
+
+Failure semantics: a choice that fails there (to build, load or run) is logged in that
+process, naming the template, its parameters and the error (Inductor's own warning names
+only the choice), and the error goes back to Inductor, which times the choice as ``inf``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Callable
 
@@ -37,7 +42,10 @@ from torch._inductor.autotune_process import (
 from .. import config
 from ..compile.compiler import target_arch
 from ..compile.specs import ArgSpec
+from ..exc import format_params
 from ..runtime.loader import load_kernel
+
+log = logging.getLogger(__name__)
 
 # One timing can read twice a kernel's time and drop a winner from the fused candidates
 # (the case is in docs/measurements.md); a second one rarely does too.
@@ -93,6 +101,15 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         with config.patch(**self.knobs):
             return load_kernel(self.kernel_name, self.source, self.specs,
                                template=self.template, params=self.params)
+
+    def benchmark(self, *input_tensors: torch.Tensor, out: torch.Tensor | None = None) -> float:
+        try:
+            return super().benchmark(*input_tensors, out=out)
+        except Exception as err:
+            log.warning("CuteDSL choice %s (template %r, parameters [%s]) failed in the tuning "
+                        "subprocess: %s: %s", self.kernel_name, self.template,
+                        format_params(self.params), type(err).__name__, err)
+            raise
 
     def make_run_fn(self, *input_tensors: torch.Tensor, out: torch.Tensor
                     ) -> Callable[[], Any]:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch._inductor import ir
 
@@ -48,3 +49,27 @@ def test_a_new_process_rebuilds_the_choice_from_its_request(graph, tmp_path):
     # the knobs travelled with it: the child found the parent's binary, compiled nothing
     assert run.stdout.split() == ["0", "1"]
     assert compiler.stats["compiled"] == 1
+
+
+def test_a_choice_failing_in_inductors_tuning_process_says_why_there(graph, capfd):
+    """Inductor's own tuning subprocess runs the request; it fails there (this machine
+    has no GPU to make the tensors on), and the reason is logged in that process."""
+    from torch._inductor.autotune_process import TuningProcess
+
+    x = make_input(graph, "x", (128, 256), torch.bfloat16)
+    w = make_input(graph, "w", (256, 128), torch.bfloat16)
+    layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [128, 128])
+    choices = []
+    gemm_choices(choices, "mm", [x, w], layout, configs=[GemmConfig(64, 64, 64, raster="n", cooperative=False)])
+    request = choices[0].bmreq
+    process = TuningProcess(None)
+    try:
+        process.put(request.benchmark)
+        with pytest.raises(Exception):
+            process.get(300)
+    finally:
+        process.shutdown()
+    logged = capfd.readouterr().err
+    assert f"CuteDSL choice {request.kernel_name} (template 'sm90_gemm', parameters " \
+        "[TILE_M=64, TILE_N=64, TILE_K=64" in logged
+    assert "failed in the tuning subprocess" in logged
