@@ -9,12 +9,15 @@ element being computed, so a template evaluates them element by element (e.g. ov
 fragment of an accumulator).
 
 Invariants:
-  * Arithmetic runs in fp32. A 16-bit value is upcast when loaded; an explicit
-    ``to_dtype(x, bf16/fp16)`` rounds and keeps the 16-bit type (so a final result has
-    Inductor's dtype), and a later op upcasts it again. Every temp has a known dtype
-    (float32, bfloat16, float16, int32 or bool; int64 too in a subclass whose
-    ``SUPPORTED`` has it), see ``dtype_of``; operands are promoted explicitly (float beats
-    int beats bool), never left to CuTe's implicit rules.
+  * Arithmetic runs in fp32. A 16-bit value is upcast when loaded. A cast to bf16/fp16
+    means what it means in Inductor's Triton code: with ``use_compute_types`` (Inductor's
+    default) it casts to the compute type, fp32, and does not round; with
+    ``use_compute_types=False`` (what ``emulate_precision_casts`` emits) it rounds and
+    keeps the 16-bit type, and a later op upcasts it again. A caller stores the result in
+    its buffer's dtype. Every temp has a known dtype (float32, bfloat16, float16, int32
+    or bool; int64 too in a subclass whose ``SUPPORTED`` has it), see ``dtype_of``;
+    operands are promoted explicitly (float beats int beats bool), never left to CuTe's
+    implicit rules.
   * Precision matches Inductor's Triton kernels: exp, log and division use the
     hardware approximations (``ex2``/``lg2``/``rcp.approx``, as ``tl.exp``, ``tl.log``
     and fp32 ``/`` do), erf CuTe's fast-math form; tanh, sqrt and rsqrt are exact-rounded
@@ -222,6 +225,8 @@ class PointwiseToCuteDSL(DefaultHandler):
                  use_compute_types: bool = True) -> str:
         if dtype not in self.SUPPORTED:
             raise _unsupported("to_dtype", f"target dtype {dtype}")
+        if use_compute_types and dtype in _FLOAT16:
+            dtype = torch.float32  # the compute type, as ``triton_compute_type`` gives
         return self._to(self._temp("to_dtype", x, dtype), dtype)
 
     # -- arithmetic -------------------------------------------------------------------

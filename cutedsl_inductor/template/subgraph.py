@@ -25,7 +25,8 @@ Invariants:
     index is 0, so reads of elements outside the problem stay in bounds. Indices are not
     bounds-checked otherwise (as in Inductor's own flex templates).
   * A cast to bf16/fp16 computes in Float32, as Inductor's Triton code does (its
-    compute type), so integers past 256 are not rounded to bf16's even values.
+    compute type; ``PointwiseToCuteDSL.to_dtype``), so an index difference past 256 is
+    not rounded to bf16's even values.
   * The result: a float is Float32 (a 16-bit result is upcast), a bool Boolean, an
     integer Int32/Int64. A list of scatters (a backward's gradients of captured tensors:
     ``output_name`` None) has no result: each becomes one fp32 atomic add
@@ -50,7 +51,7 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import PythonPrinter
 from torch._inductor.virtualized import OpsValue, V
 
-from .pointwise import _FLOAT16, _SUPPORTED, PointwiseToCuteDSL, _unsupported
+from .pointwise import _SUPPORTED, PointwiseToCuteDSL, _unsupported
 
 _INTS = (torch.int32, torch.int64)
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -195,14 +196,6 @@ class SubgraphToCuteDSL(PointwiseToCuteDSL):
         symbol = sympy.Symbol(x, integer=True)
         self.indices.add(symbol)
         return symbol
-
-    def to_dtype(self, x: Any, dtype: torch.dtype, src_dtype: Any = None,
-                 use_compute_types: bool = True) -> str:
-        # Inductor's Triton flex kernels cast to the compute type: a bf16/fp16 cast is
-        # fp32 there, so an index difference past 256 keeps its value; ours must too.
-        if use_compute_types and dtype in _FLOAT16:
-            dtype = torch.float32
-        return super().to_dtype(x, dtype, src_dtype, use_compute_types)
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> str:
         expr = sympy.sympify(expr)

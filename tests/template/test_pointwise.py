@@ -149,13 +149,23 @@ def test_comparisons_logic_where_and_casts_compile(tmp_path):
                                   torch.bfloat16),
         lambda i: vz.ops.maximum(vz.ops.to_dtype(b(i), torch.int32),
                                  vz.ops.neg(vz.ops.constant(2, torch.int32))),
+        # a 16-bit cast rounds only without compute types (emulate_precision_casts)
+        lambda i: vz.ops.to_dtype(a(i), torch.bfloat16, use_compute_types=False),
+        lambda i: vz.ops.to_dtype(vz.ops.to_dtype(b(i), torch.float16, use_compute_types=False),
+                                  torch.float16),
     ]
     res = compile_exprs(tmp_path, fns)
     dtypes = [r.dtype for r in res]
     assert dtypes[:9] == [torch.bool] * 9
-    assert dtypes[9:] == [torch.float32, torch.bool, torch.float32, torch.bfloat16,
-                          torch.float16, torch.float32, torch.bool, torch.float32,
-                          torch.int32, torch.bfloat16, torch.int32]
+    # with compute types (Inductor's default) a bf16/fp16 cast is to fp32, as in Triton
+    assert dtypes[9:] == [torch.float32, torch.bool, torch.float32, torch.float32,
+                          torch.float32, torch.float32, torch.bool, torch.float32,
+                          torch.int32, torch.float32, torch.int32, torch.bfloat16,
+                          torch.float32]
+    assert res[12].lines == ["t12_0 = a[i]"]  # to_dtype(a, bf16): a itself, unrounded
+    assert res[20].lines[-1] == "t20_1 = t20_0.to(cutlass.BFloat16)"
+    assert res[21].lines[-2:] == ["t21_1 = t21_0.to(cutlass.Float16)",
+                                  "t21_2 = t21_1.to(cutlass.Float32)"]
     assert "cutlass.Float32(cutlass.select_(" in res[9].lines[-1]
     assert res[11].lines[-1] == "t11_2 = (b[i]).to(cutlass.Float32)"  # where(False, a, b)
     assert res[11].result == "t11_2"  # is b, no select_
@@ -201,10 +211,9 @@ def test_gelu_and_silu_through_inductor_lowering(tmp_path, dtype):
     for tr, (_, fn) in zip(res, [*ACTIVATIONS.values(), (None, "exp")]):
         text = "\n".join(tr.lines)
         assert f"cute.math.{fn}(" in text, text
-        assert tr.dtype == dtype
+        assert tr.dtype == torch.float32  # the final bf16 cast is to the compute type
         if dtype == torch.bfloat16:
-            assert "(x[i]).to(cutlass.Float32)" in text
-            assert tr.lines[-1].endswith(".to(cutlass.BFloat16)")
+            assert "(x[i]).to(cutlass.Float32)" in text and "BFloat16" not in text
     strip = lambda lines: [re.sub(r"t\d+_", "t_", line) for line in lines]  # noqa: E731
     assert strip(res[2].lines) == strip(res[3].lines)  # inner_fn and LoopBody agree
 
