@@ -13,15 +13,21 @@ max-autotune Inductor defers that to each op's autotuning, one op after another,
 kernels of later ops build while earlier ones are timed. One kernel is built by one
 worker at a time: a build asked for while another is under way waits for it.
 
+Without prefetch the workers still start ahead (``prefetch`` calls ``start_ahead``):
+when the first choice whose kernel must be built is made, ``config.compile_workers`` of
+them start, so that they import torch and CuTe DSL while Inductor lowers the rest of the
+graph, not when it precompiles the first op's choices. A choice whose kernel is built
+already starts none (a warm process spawns nothing).
+
 A worker is ``python -c "<import this module and serve()>"`` (not ``-m``, which would
-import the module twice: as ``__main__`` and through the package), started on first need and
-kept for the life of this process; requests and replies are pickles over its stdin and
-stdout (what it prints goes to stderr). Like Inductor's own compile workers it is a
-fresh interpreter, not a fork or a multiprocessing spawn: it never re-runs the user's
-script, and the parent's CUDA and CuTe state stays out of it. It sees no GPU (a compile
-needs none, and a CUDA context per worker would cost GPU memory) and compiles for the
-arch resolved in the parent (``CUTE_DSL_ARCH``, read when CuTe is first imported; a
-request for another arch replaces the workers).
+import the module twice: as ``__main__`` and through the package), started ahead or on
+first need and kept for the life of this process; requests and replies are pickles over
+its stdin and stdout (what it prints goes to stderr). Like Inductor's own compile
+workers it is a fresh interpreter, not a fork or a multiprocessing spawn: it never
+re-runs the user's script, and the parent's CUDA and CuTe state stays out of it. It sees
+no GPU (a compile needs none, and a CUDA context per worker would cost GPU memory) and
+compiles for the arch resolved in the parent (``CUTE_DSL_ARCH``, read when CuTe is first
+imported; a request for another arch replaces the workers).
 
 Failure semantics:
 - a worker that cannot start (it dies before it says it is ready: the interpreter or
@@ -152,10 +158,14 @@ def prefetch(request: Any) -> None:
     """With ``config.compile_prefetch``, start building ``request``'s kernel in a worker
     now, from a background thread, instead of when Inductor precompiles its choice (it
     defers that to the choice's autotuning, one op after another): what is built is in
-    the disk cache by then, or under way and waited for. A prefetch never raises; a
-    failed one leaves the kernel to its precompile, which says why."""
+    the disk cache by then, or under way and waited for. Without it, the workers start
+    ahead (``start_ahead``). A prefetch never raises; a failed one leaves the kernel to
+    its precompile, which says why."""
     global _prefetchers
-    if not config.compile_prefetch or config.compile_workers < 1:
+    if config.compile_workers < 1:
+        return
+    if not config.compile_prefetch:
+        start_ahead(request)
         return
     _PREFETCHES.put(request)
     with _LOCK:
@@ -163,6 +173,27 @@ def prefetch(request: Any) -> None:
         _prefetchers += start
     if start:
         threading.Thread(target=_prefetching, name="cutedsl-prefetch", daemon=True).start()
+
+
+def start_ahead(request: Any) -> None:
+    """Start the workers that ``request``'s build will want, unless they run already or
+    it needs none (see the module docstring). Never raises: a worker that cannot be
+    spawned is left to the build, which says why."""
+    global _running
+    if (_running >= config.compile_workers or _cannot_start is not None
+            or not config.disk_cache or not _compiles_when_loaded(request)
+            or _key_to_build(request, background=True) is None):
+        return
+    started = []
+    with _LOCK:
+        try:
+            while _running < config.compile_workers:
+                started.append(_Worker(request.knobs["arch"]))
+                _running += 1
+        except OSError as err:
+            log.debug("starting compile workers ahead: %s", err)
+    for worker in started:
+        _IDLE.put(worker)
 
 
 def _prefetching() -> None:
@@ -287,6 +318,7 @@ def serve() -> None:
     """The worker's loop: one request in, one reply out, until the parent closes stdin."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
+    import cutlass.cute  # noqa: F401 - before ``ready``: a worker started ahead imports it early
     pickle.dump(_READY, replies)
     replies.flush()
     requests = sys.stdin.buffer

@@ -208,3 +208,24 @@ def test_a_prefetch_whose_knobs_changed_is_dropped(graph, two_workers, monkeypat
         time.sleep(1.0)
     monkeypatch.setattr(config, "compile_prefetch", False)
     assert workers._key_to_build(choice.bmreq, False) is not None
+
+
+def test_the_first_choice_to_build_starts_the_workers_ahead(graph, two_workers):
+    """Without prefetch nothing builds when a choice is made, but the workers start then,
+    and the precompile that follows uses them."""
+    first, second = add_choices(graph, (64, 128))
+    assert workers._running == 2 and workers._IDLE.qsize() == 2
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda choice: choice.precompile(), (first, second)))
+    assert [first.failure, second.failure] == [None, None]
+    assert workers._running == 2  # the same two workers built both
+    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 2
+
+
+def test_a_choice_already_built_starts_no_worker(graph, monkeypatch):
+    (first,) = add_choices(graph, (128,))
+    first.load()  # compiled here, no workers
+    monkeypatch.setattr(config, "compile_workers", 2)
+    monkeypatch.setattr(workers, "_cannot_start", None)
+    add_choices(graph, (128,))
+    assert workers._running == 0
