@@ -181,8 +181,13 @@ def start_ahead(request: Any) -> None:
     spawned is left to the build, which says why."""
     global _running
     if (_running >= config.compile_workers or _cannot_start is not None
-            or not config.disk_cache or not _compiles_when_loaded(request)
-            or _key_to_build(request, background=True) is None):
+            or not config.disk_cache or not _compiles_when_loaded(request)):
+        return
+    try:
+        if _key_to_build(request, background=True) is None:
+            return
+    except Exception as err:  # noqa: BLE001 - the choice's precompile raises it again, in full
+        log.debug("starting compile workers ahead for %s: %s", request.kernel_name, err)
         return
     started = []
     with _LOCK:
