@@ -133,10 +133,7 @@ def build_in_worker(request: Any, background: bool = False) -> str | None:
     it cannot). ``background`` (a prefetch thread): where the request's knobs are no
     longer this process's, nothing is done (``config.patch`` from that thread could
     restore stale globals under another thread's feet)."""
-    if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
-            or not _compiles_when_loaded(request)):
-        return None
-    key = _key_to_build(request, background)
+    key = _worker_build_key(request, background)
     if key is None:
         return None
     with _LOCK:
@@ -180,11 +177,10 @@ def start_ahead(request: Any) -> None:
     it needs none (see the module docstring). Never raises: a worker that cannot be
     spawned is left to the build, which says why."""
     global _running
-    if (_running >= config.compile_workers or _cannot_start is not None
-            or not config.disk_cache or not _compiles_when_loaded(request)):
+    if _running >= config.compile_workers:
         return
     try:
-        if _key_to_build(request, background=True) is None:
+        if _worker_build_key(request, background=True) is None:
             return
     except Exception as err:  # noqa: BLE001 - the choice's precompile raises it again, in full
         log.debug("starting compile workers ahead for %s: %s", request.kernel_name, err)
@@ -268,6 +264,15 @@ def _compiles_when_loaded(request: Any) -> bool:
 def _changed(knobs: dict[str, Any]) -> dict[str, Any]:
     """Those of ``knobs`` that differ from this process's now."""
     return {name: value for name, value in knobs.items() if getattr(config, name) != value}
+
+
+def _worker_build_key(request: Any, background: bool) -> str | None:
+    """``request``'s kernel key where a worker could build it (workers configured and
+    able to start, an entry that compiles when loaded, ``_key_to_build``); else None."""
+    if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
+            or not _compiles_when_loaded(request)):
+        return None
+    return _key_to_build(request, background)
 
 
 def _key_to_build(request: Any, background: bool) -> str | None:
