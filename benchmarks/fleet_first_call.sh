@@ -10,10 +10,11 @@
 # From the repository root, carrying .device/b .device/r (install.sh, its wheels; the
 # redis wheel and server .debs); $OUT collects the logs, CSVs and the children's logs.
 # RUNS: which runs (default "1 2"; "1" then "2" in two calls on the same machine: Redis
-# keeps running between them). RUN_S: each run's limit (default 280 s). A run past it is
-# ended whole: setsid gives it a session, timeout signals that process group (TERM, KILL
-# 5 s later), and every process still carrying the run's tag in its environment (one in a
-# session of its own, or one that survived TERM) is ended by its pid.
+# keeps running between them). RUN_S: each run's limit (default 330 s, room for run 1's
+# two cold compiles). A run past it is ended whole: setsid gives it a session, timeout
+# signals that process group (TERM, KILL 5 s later), and every process still carrying the
+# run's tag in its environment (one in a session of its own, or one that survived TERM)
+# is ended by its pid.
 set -u
 . .device/b/install.sh
 python3 -m pip install -q --no-index --no-deps --target /root/site2 .device/r/*.whl 2>&1 | tail -2
@@ -38,7 +39,7 @@ reap() {  # end every process whose environment holds the tag $1, by pid
 
 for r in ${RUNS:-1 2}; do
   t0=$(date +%s)
-  CUTEDSL_FLEET_RUN=$r setsid --wait timeout --kill-after=5 -s TERM "${RUN_S:-280}" \
+  CUTEDSL_FLEET_RUN=$r setsid --wait timeout --kill-after=5 -s TERM "${RUN_S:-330}" \
     python3 -m cutedsl_inductor bench model --families llama --workloads prefill \
     --variants max-autotune,cutedsl --fusion on --steps 10 --out "$OUT/remote$r" \
     > "$OUT/remote$r.log" 2>&1
