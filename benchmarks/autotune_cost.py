@@ -1,0 +1,132 @@
+"""Where a cold process's GEMM autotuning time goes, by kind of choice (H200).
+
+    python -m benchmarks.autotune_cost [--shapes 8192x14336x4096,8192x4096x4096]
+                                       [--backends ATEN,TRITON ATEN,TRITON,CUTEDSL]
+
+Each backend list runs in a fresh process with fresh Inductor and kernel caches, and
+compiles ``x @ w`` (bf16, ``w`` a transposed weight as a Linear holds it) under
+max-autotune-no-cudagraphs for each shape in turn, so the first shape pays the process's
+cold start (compile workers, Triton's pool). Every choice's ``benchmark`` and every
+``benchmark_gpu`` call are timed: a table per shape and backend list gives the first
+call's seconds and, per kind of choice (ours, Triton's, ATen's), how many were timed
+and the seconds their timing took, so that a timing cost that grows with CUTEDSL on can
+be told apart from the cost of our own choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+MARK = "AUTOTUNE_COST "
+
+
+def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    shapes = []
+    for part in text.split(","):
+        dims = part.split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"--shapes {part!r}: expected MxKxN")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
+def _timed_choices(emit: Any) -> None:
+    """Wrap each choice kind's ``benchmark`` to emit its seconds."""
+    from torch._inductor.select_algorithm import ExternKernelCaller, TritonTemplateCaller
+
+    from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
+
+    for kind, cls in (("ours", CuteDSLTemplateCaller), ("triton", TritonTemplateCaller),
+                      ("aten", ExternKernelCaller)):
+        def timed(method: Any, kind: str = kind) -> Any:
+            @functools.wraps(method)
+            def benchmark(self: Any, *args: Any, **kwargs: Any) -> float:
+                import torch
+
+                start = time.perf_counter()
+                ms = method(self, *args, **kwargs)
+                torch.cuda.synchronize()
+                emit(kind=kind, ms=ms, s=time.perf_counter() - start)
+                return ms
+            return benchmark
+        cls.benchmark = timed(cls.benchmark)
+
+
+def child(backends: str, shapes: list[tuple[int, int, int]]) -> None:
+    import torch
+
+    import cutedsl_inductor  # noqa: F401 - installs the backend
+
+    def emit(**fields: Any) -> None:
+        print(MARK + json.dumps(fields), flush=True)
+
+    _timed_choices(emit)
+    torch._inductor.config.max_autotune_gemm_backends = backends
+    for m, k, n in shapes:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
+        start = time.perf_counter()
+        compiled(x, w)
+        torch.cuda.synchronize()
+        emit(shape=f"{m}x{k}x{n}", first_call_s=time.perf_counter() - start)
+
+
+def run(backends: str, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """One fresh process's rows: per shape, its first call and its choices by kind."""
+    with tempfile.TemporaryDirectory(prefix="autotune-cost-") as root:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor",
+               "CUTEDSL_INDUCTOR_CACHE_DIR": f"{root}/kernels"}
+        spec = ",".join(f"{m}x{k}x{n}" for m, k, n in shapes)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.autotune_cost", "--child",
+                               backends, "--shapes", spec], env=env, capture_output=True,
+                              text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{backends}: rc {done.returncode}\n{done.stderr[-3000:]}")
+    rows, kinds = [], collections.defaultdict(lambda: [0, 0.0])
+    for line in done.stdout.splitlines():
+        if not line.startswith(MARK):
+            continue
+        fields = json.loads(line[len(MARK):])
+        if "shape" in fields:
+            rows.append({"backends": backends, **fields, **{
+                f"{kind}_{what}": value for kind, (count, s) in kinds.items()
+                for what, value in (("n", count), ("s", s))}})
+            kinds.clear()
+        else:
+            kinds[fields["kind"]][0] += 1
+            kinds[fields["kind"]][1] += fields["s"]
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", type=_parse_shapes,
+                   default=_parse_shapes("8192x14336x4096,8192x4096x128256,8192x4096x4096"))
+    p.add_argument("--backends", nargs="+", default=["ATEN,TRITON", "ATEN,TRITON,CUTEDSL"])
+    p.add_argument("--child", metavar="BACKENDS", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args.child, args.shapes)
+    print(f"{'shape':>18} {'backends':>20} {'first call':>10}  "
+          + "  ".join(f"{kind:>14}" for kind in ("ours n / s", "triton n / s", "aten n / s")))
+    for backends in args.backends:
+        for row in run(backends, args.shapes):
+            cells = [f"{row.get(f'{kind}_n', 0):>5} / {row.get(f'{kind}_s', 0.0):6.2f}"
+                     for kind in ("ours", "triton", "aten")]
+            print(f"{row['shape']:>18} {backends:>20} {row['first_call_s']:>9.2f}s  "
+                  + "  ".join(f"{c:>14}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
