@@ -8,6 +8,7 @@
 #                                             bench_attention_shards (the full suite, merged)
 #                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
+#                                             autotune_cost (a cold GEMM autotuning, by kind of choice)
 #                                             compile_workers (host CPUs only, no GPU)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
@@ -70,6 +71,7 @@ for s in $steps; do
     sweep) step sweep python3 -m cutedsl_inductor bench sweep \
         ${SWEEP_ARGS:---shapes 128x4096x4096,256x4096x14336 --layouts nt,nn --variant tile_k=128} ;;
     epilogue_cost) step epilogue_cost python3 -m benchmarks.epilogue_cost ;;
+    autotune_cost) step autotune_cost python3 -m benchmarks.autotune_cost ;;
     compile_workers) step compile_workers python3 -m benchmarks.compile_workers --workers 2,8 ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
