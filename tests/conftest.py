@@ -26,6 +26,7 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     from cutedsl_inductor import config
     from cutedsl_inductor.autotune import retime
     from cutedsl_inductor.compile import compiler, decisions, remote_cache
+    from cutedsl_inductor.runtime import workers
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
     monkeypatch.setattr(config, "remote_cache", False)  # the remote_cache fixture: on
@@ -36,6 +37,7 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(compiler, "_COMPILED", {})
     monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
     monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
+    monkeypatch.setattr(workers, "stats", dict.fromkeys(workers.stats, 0))
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     return tmp_path / "kernels"
 

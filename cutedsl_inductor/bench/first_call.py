@@ -20,8 +20,8 @@ compile of each graph (``compile_fx_inner``: a cache miss's codegen and autotuni
 cached graph's load (``AOTAutogradCache.inductor_load``), the output modules' load
 (``PyCodeCache.load_by_key_path``: it runs our ``load_kernel`` calls and Triton's kernel
 loads), autotuning, and the wait for Triton's compile workers (``async_compile.wait``).
-Ours (``compiler.stats``, ``loader.stats``, ``remote_cache.stats``, ``decisions.stats``)
-falls inside the compile.
+Ours (``compiler.stats``, ``loader.stats``, ``remote_cache.stats``, ``decisions.stats``,
+``workers.stats``) falls inside the compile.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..compile import compiler, decisions, remote_cache
-from ..runtime import loader
+from ..runtime import loader, workers
 
 # column -> the dynamo_timed keys it sums (seconds)
 TORCH_TIMES = {
@@ -84,6 +84,12 @@ OURS = {
     "fc_decisions_remote": (decisions, "remote_hits"),
     "fc_decisions_missed": (decisions, "misses"),
     "fc_decisions_s": (decisions, "lookup_s"),
+    "fc_workers_started": (workers, "started"),
+    "fc_workers_startup_s": (workers, "startup_s"),
+    "fc_workers_ready_wait_s": (workers, "ready_wait_s"),
+    "fc_workers_queue_wait_s": (workers, "queue_wait_s"),
+    "fc_worker_builds": (workers, "builds"),
+    "fc_worker_build_s": (workers, "build_s"),
 }
 # columns made from the others (None where torch keeps no times)
 DERIVED = ("fc_compile_s", "fc_rest_s", "fc_dynamo_s", "fc_autotune_s", "fc_torch_top")
@@ -277,7 +283,11 @@ def describe(row: dict[str, Any], warm: bool = False) -> str:
         f"{_s(r['fc_cute_remote_adopt_s'])} s, compiled {_n(r['fc_cute_compiled'])} "
         f"{_s(r['fc_cute_compile_s'])} s), redis {_n(r['fc_redis_round_trips'])} trips "
         f"{mb:.1f} MB {_s(r['fc_redis_s'])} s, decisions {_n(r['fc_decisions_local'])} local / "
-        f"{_n(r['fc_decisions_remote'])} remote {_s(r['fc_decisions_s'])} s, cutlass "
+        f"{_n(r['fc_decisions_remote'])} remote {_s(r['fc_decisions_s'])} s, workers "
+        f"{_n(r['fc_workers_started'])} ready after {_s(r['fc_workers_startup_s'])} s in all "
+        f"(waited for {_s(r['fc_workers_ready_wait_s'])} s, for a free one "
+        f"{_s(r['fc_workers_queue_wait_s'])} s), {_n(r['fc_worker_builds'])} builds "
+        f"{_s(r['fc_worker_build_s'])} s, cutlass "
         f"{'imported' if r.get('cutlass_imported') else 'not imported'}"
         + (f" | triton compiled most: {r['fc_triton_compiled_kernels']}"
            if r.get("fc_triton_compiled_kernels") else ""))

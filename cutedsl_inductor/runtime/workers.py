@@ -42,6 +42,10 @@ Failure semantics:
   kernel compiles here instead.
 Without a disk cache it can write (none, or one used read-only) a worker could hand
 nothing back: none is used.
+
+``stats`` counts what the workers cost this process: workers started and their seconds
+from spawn to ready (each says when it was ready), the seconds callers waited for a
+worker to be ready and for one to be free, and the builds and their round trips.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, NamedTuple
 
 from .. import config
@@ -70,10 +75,23 @@ log = logging.getLogger(__name__)
 WORKER_SOURCE = f"from {__name__} import serve; serve()"
 
 
+# what the module docstring says; "started" counts the workers that said they were ready
+stats: dict[str, float] = {"started": 0, "startup_s": 0.0, "ready_wait_s": 0.0,
+                           "queue_wait_s": 0.0, "builds": 0, "build_s": 0.0}
+_STATS_LOCK = threading.Lock()
+
+
+def _count(**added: float) -> None:
+    with _STATS_LOCK:
+        for name, value in added.items():
+            stats[name] += value
+
+
 class _Worker:
     def __init__(self, arch: str) -> None:
         self.arch = arch
         self.ready = False
+        self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen([sys.executable, "-c", WORKER_SOURCE],
@@ -84,18 +102,27 @@ class _Worker:
         _NotStarted if it died before it was ready (it could not start: its
         environment, not a kernel)."""
         if not self.ready:
-            try:
-                said = pickle.load(self.process.stdout)
-            except EOFError as err:
-                raise _NotStarted(f"exit status {self.process.wait()}") from err
-            except pickle.UnpicklingError as err:
-                raise _NotStarted(f"its first words were not a pickle: {err}") from err
-            if said != _READY:
-                raise _NotStarted(f"it said {said!r} instead of {_READY!r}")
-            self.ready = True
+            self._wait_until_ready()
+        start = time.perf_counter()
         pickle.dump(request, self.process.stdin)
         self.process.stdin.flush()
-        return pickle.load(self.process.stdout)
+        reply = pickle.load(self.process.stdout)
+        _count(builds=1, build_s=time.perf_counter() - start)
+        return reply
+
+    def _wait_until_ready(self) -> None:
+        start = time.perf_counter()
+        try:
+            said = pickle.load(self.process.stdout)
+        except EOFError as err:
+            raise _NotStarted(f"exit status {self.process.wait()}") from err
+        except pickle.UnpicklingError as err:
+            raise _NotStarted(f"its first words were not a pickle: {err}") from err
+        if not (isinstance(said, tuple) and len(said) == 2 and said[0] == _READY):
+            raise _NotStarted(f"it said {said!r} instead of ({_READY!r}, its ready time)")
+        self.ready = True
+        _count(started=1, startup_s=max(said[1] - self.spawned_at, 0.0),
+               ready_wait_s=time.perf_counter() - start)
 
     def close(self) -> None:
         self.process.stdin.close()  # the worker exits at end of input
@@ -298,7 +325,9 @@ def _acquire(arch: str) -> _Worker:
                 worker = _Worker(arch)  # OSError: none started
                 _running += 1
                 return worker
+        start = time.perf_counter()
         worker = _IDLE.get()  # waits for a busy one
+        _count(queue_wait_s=time.perf_counter() - start)
         if worker.arch == arch:
             return worker
         worker.close()  # compiles for another arch
@@ -329,7 +358,7 @@ def serve() -> None:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
     import cutlass.cute  # noqa: F401 - before ``ready``: a worker started ahead imports it early
-    pickle.dump(_READY, replies)
+    pickle.dump((_READY, time.time()), replies)
     replies.flush()
     requests = sys.stdin.buffer
     while True:

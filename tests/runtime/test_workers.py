@@ -157,7 +157,8 @@ def test_a_worker_says_ready_and_warns_of_nothing():
     run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
                           workers.WORKER_SOURCE], input=b"", capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr.decode()[-2000:]
-    assert pickle.loads(run.stdout) == workers._READY
+    said, ready_at = pickle.loads(run.stdout)
+    assert said == workers._READY and abs(time.time() - ready_at) < 120
     assert b"Warning" not in run.stderr
 
 
@@ -220,6 +221,10 @@ def test_the_first_choice_to_build_starts_the_workers_ahead(graph, two_workers):
     assert [first.failure, second.failure] == [None, None]
     assert workers._running == 2  # the same two workers built both
     assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 2
+    # what they cost, as the first-call breakdown reports it
+    stats = workers.stats
+    assert stats["started"] == 2 and stats["builds"] == 2
+    assert stats["startup_s"] > 0 and stats["build_s"] > 0 and stats["ready_wait_s"] >= 0
 
 
 def test_a_choice_already_built_starts_no_worker(graph, monkeypatch):
