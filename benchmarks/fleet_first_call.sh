@@ -3,9 +3,11 @@
 # them per run) sharing one Redis, Llama prefill, max-autotune (Inductor's remote caches:
 # FX graph, autotune and AOT autograd, the last sparing a remote-warm process AOT autograd's
 # trace as the local one spares a warm one; AUTOGRAD_REMOTE=0 leaves it off) and cutedsl
-# (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). Run 1: cold, then local-warm; run 2: its
-# cold process is remote-warm, then local-warm. Each first call's breakdown is the "first
-# call" lines under each row (bench/first_call.py).
+# (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). TRITON_REMOTE=1 adds Triton's own Redis
+# cache (its RemoteCacheManager) for both variants, for the Triton kernels that a
+# remote-warm process compiles although the FX graph's Triton bundle was applied. Run 1:
+# cold, then local-warm; run 2: its cold process is remote-warm, then local-warm. Each
+# first call's breakdown is the "first call" lines under each row (bench/first_call.py).
 #
 # From the repository root, carrying .device/b .device/r (install.sh, its wheels; the
 # redis wheel and server .debs); $OUT collects the logs, CSVs and the children's logs.
@@ -28,6 +30,11 @@ fi
 export TORCHINDUCTOR_REDIS_PORT=6390 CUTEDSL_INDUCTOR_REMOTE_CACHE=1 \
   TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=1 \
   TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=${AUTOGRAD_REMOTE:-1}
+if [ "${TRITON_REMOTE:-0}" = 1 ]; then
+  export TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager \
+    TRITON_REMOTE_CACHE_BACKEND=triton.runtime.cache:RedisRemoteCacheBackend \
+    TRITON_REDIS_PORT=6390
+fi
 
 reap() {  # end every process whose environment holds the tag $1, by pid
   local pids
