@@ -99,9 +99,10 @@ def run(backends: str, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any
             continue
         fields = json.loads(line[len(MARK):])
         if "shape" in fields:
-            rows.append({"backends": backends, **fields, **{
-                f"{kind}_{what}": value for kind, (count, s) in kinds.items()
-                for what, value in (("n", count), ("s", s))}})
+            row = dict(fields)
+            for kind, (count, seconds) in kinds.items():
+                row[f"{kind}_n"], row[f"{kind}_s"] = count, seconds
+            rows.append(row)
             kinds.clear()
         else:
             kinds[fields["kind"]][0] += 1
@@ -117,7 +118,8 @@ def main() -> None:
     p.add_argument("--child", metavar="BACKENDS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.shapes)
+        child(args.child, args.shapes)
+        return
     print(f"{'shape':>18} {'backends':>20} {'first call':>10}  "
           + "  ".join(f"{kind:>14}" for kind in ("ours n / s", "triton n / s", "aten n / s")))
     for backends in args.backends:
