@@ -34,9 +34,14 @@ GEMM_OPS = ("mm", "addmm", "bmm")
 _OFFERED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.WeakKeyDictionary()
 
 
-def cutedsl_gemm_enabled() -> bool:
+def cutedsl_gemm_listed() -> bool:
+    """CUTEDSL is among Inductor's GEMM backends (max-autotune may be off)."""
     backends = [b.strip() for b in inductor_config.max_autotune_gemm_backends.upper().split(",")]
-    return "CUTEDSL" in backends and bool(
+    return "CUTEDSL" in backends
+
+
+def cutedsl_gemm_enabled() -> bool:
+    return cutedsl_gemm_listed() and bool(
         inductor_config.max_autotune or inductor_config.max_autotune_gemm
     )
 

@@ -5,7 +5,10 @@ scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache 
 (``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in flex_attention's
 lowering (``flex``, off unless asked for), the clock settling before autotuning
 (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the SwiGLU rewrite
-(``swiglu``). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
+(``swiglu``), and a start of the compile workers' zygote when dynamo starts a compile
+with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped at the compile's
+end if it forked no worker; ``torch._dynamo.reset()`` clears dynamo's callbacks, and
+the workers then start at the first choice that needs them). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
 off Inductor's output code is what it would be without the package; every pass is keyed
 for the FX graph cache. One change reaches every graph, at run time, not in its code: a
 warm process reuses its Triton kernels' cached coordinate-descent configs instead of
@@ -16,12 +19,16 @@ them; knob ``coordesc_recheck``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import torch._dynamo
 from torch._inductor.codegen import common
 
 from ..autotune.select import install_clock_settling
+from ..compile.compiler import target_arch
+from ..runtime import workers
 from .cache_key import install_cache_key
-from .choices import install_choices
+from .choices import cutedsl_gemm_listed, install_choices
 from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_pre_fusion_pass
@@ -38,8 +45,25 @@ def install() -> None:
     install_pre_fusion_pass()
     install_swiglu()
     install_coordesc_reuse()
+    install_workers_ahead()
     current = common.device_codegens["cuda"]
     if current.scheduling is not CuteDSLCombinedScheduling:
         common.device_codegens["cuda"] = dataclasses.replace(
             current, scheduling=CuteDSLCombinedScheduling
         )
+
+
+def install_workers_ahead() -> None:
+    handler = torch._dynamo.callback_handler
+    if _start_workers_ahead not in handler.start_callbacks:
+        handler.register_start_callback(_start_workers_ahead)
+        handler.register_end_callback(_stop_unused_workers)
+
+
+def _start_workers_ahead(_: Any) -> None:
+    if cutedsl_gemm_listed():
+        workers.start_zygote(target_arch())
+
+
+def _stop_unused_workers(_: Any) -> None:
+    workers.stop_unused_zygote()

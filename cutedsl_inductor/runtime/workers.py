@@ -15,24 +15,30 @@ worker at a time: a build asked for while another is under way waits for it.
 
 Without prefetch the workers still start ahead (``prefetch`` calls ``start_ahead``):
 when the first choice whose kernel must be built is made, ``config.compile_workers`` of
-them start, so that they import torch and CuTe DSL while Inductor lowers the rest of the
-graph, not when it precompiles the first op's choices. A choice whose kernel is built
-already starts none (a warm process spawns nothing).
+them start, so that their zygote imports torch and CuTe DSL while Inductor lowers the
+rest of the graph, not when it precompiles the first op's choices. A choice whose kernel is built
+already starts none. Earlier still, a compile that starts with CUTEDSL among Inductor's
+GEMM backends starts the zygote (``start_zygote``, from dynamo's compile-start callback,
+``inductor/install.py``): its imports take many seconds, which then overlap the
+compile's tracing; one that forked no worker by the compile's end (a warm compile that
+built nothing) is stopped then (``stop_unused_zygote``).
 
-A worker is ``python -c "<import this module and serve()>"`` (not ``-m``, which would
-import the module twice: as ``__main__`` and through the package), started ahead or on
-first need and kept for the life of this process; requests and replies are pickles over
-its stdin and stdout (what it prints goes to stderr). Like Inductor's own compile
-workers it is a fresh interpreter, not a fork or a multiprocessing spawn: it never
-re-runs the user's script, and the parent's CUDA and CuTe state stays out of it. It sees
-no GPU (a compile needs none, and a CUDA context per worker would cost GPU memory) and
-compiles for the arch resolved in the parent (``CUTE_DSL_ARCH``, read when CuTe is first
-imported; a request for another arch replaces the workers).
+A worker is a fork of a zygote process (``worker_main.py``), which imports torch,
+Inductor, this package and CuTe DSL once for all the workers of an arch: the zygote
+is ``python -c "<import worker_main and run zygote()>"`` (not ``-m``, which would
+import the module twice: as ``__main__`` and through the package), started with the
+first worker and kept, like the workers, for the life of this process. Requests and
+replies are pickles over a socketpair per worker. Like Inductor's own compile workers
+the zygote is a fresh interpreter, not a fork of this process or a multiprocessing
+spawn: it never re-runs the user's script, and this process's CUDA and CuTe state stays
+out of it. It sees no GPU (a compile needs none, and a CUDA context per worker would
+cost GPU memory) and compiles for the arch resolved here (``CUTE_DSL_ARCH``, read when
+CuTe is first imported; a request for another arch replaces the zygote and workers).
 
 Failure semantics:
-- a worker that cannot start (it dies before it says it is ready: the interpreter or
-  the environment, not a kernel) turns the workers off for this process, with one
-  warning; kernels compile here;
+- a worker that cannot start (it, or the zygote, dies before it says it is ready: the
+  interpreter or the environment, not a kernel) turns the workers off for this
+  process, with one warning; kernels compile here;
 - an error of ours in a worker (``KernelCompileError`` naming template, parameters and
   generated file; ``GeneratedCodeError``) comes back and is raised here, and a worker
   that dies in a build (a compiler crash) raises ``CompileWorkerError`` and is replaced
@@ -55,6 +61,8 @@ import os
 import pickle
 import queue
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,13 +74,15 @@ from ..compile import compiler
 from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
+from . import worker_main
 from .loader import kernel_key
+from .worker_main import READY, Failed
 
 log = logging.getLogger(__name__)
 
 
-# What a worker process runs.
-WORKER_SOURCE = f"from {__name__} import serve; serve()"
+# What the zygote process runs; its argument is its control socket's descriptor.
+ZYGOTE_SOURCE = f"import sys; from {worker_main.__name__} import zygote; zygote(int(sys.argv[1]))"
 
 
 # what the module docstring says; "started" counts the workers that said they were ready
@@ -87,61 +97,101 @@ def _count(**added: float) -> None:
             stats[name] += value
 
 
-class _Worker:
+class _Zygote:
+    """The zygote process of an arch (see ``worker_main.py``)."""
+
     def __init__(self, arch: str) -> None:
         self.arch = arch
-        self.ready = False
-        self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
+        self.control, theirs = socket.socketpair()
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER_SOURCE],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                   OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        finally:
+            theirs.close()
 
-    def build(self, request: Any) -> "str | CuteDSLInductorError | _Failed":
-        """The worker's reply (see ``_build``); EOFError or BrokenPipeError if it died,
-        _NotStarted if it died before it was ready (it could not start: its
+    def fork(self) -> socket.socket:
+        """A new worker's socket; it says it is ready once the zygote has forked it.
+        OSError: the zygote is gone."""
+        mine, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self.control, [b"w"], [theirs.fileno()])
+        except OSError:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return mine
+
+    def close(self) -> None:
+        self.control.close()  # the zygote exits at end of file
+
+    def kill(self) -> None:
+        """Stop it now, mid-import if need be (it forked no worker)."""
+        self.process.kill()
+        self.process.wait()
+        self.control.close()
+
+
+class _Worker:
+    def __init__(self, zygote: _Zygote) -> None:
+        self.arch = zygote.arch
+        self.pid: int | None = None  # said when it is ready
+        self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
+        self.channel = zygote.fork()
+        self.stream = self.channel.makefile("rwb")
+
+    def build(self, request: Any) -> "str | CuteDSLInductorError | Failed":
+        """The worker's reply (see ``worker_main._build``); EOFError or BrokenPipeError
+        if it died, _NotStarted if it died before it was ready (it could not start: its
         environment, not a kernel)."""
-        if not self.ready:
+        if self.pid is None:
             self._wait_until_ready()
         start = time.perf_counter()
-        pickle.dump(request, self.process.stdin)
-        self.process.stdin.flush()
-        reply = pickle.load(self.process.stdout)
+        pickle.dump(request, self.stream)
+        self.stream.flush()
+        reply = pickle.load(self.stream)
         _count(builds=1, build_s=time.perf_counter() - start)
         return reply
 
     def _wait_until_ready(self) -> None:
         start = time.perf_counter()
         try:
-            said = pickle.load(self.process.stdout)
+            said = pickle.load(self.stream)
         except EOFError as err:
-            raise _NotStarted(f"exit status {self.process.wait()}") from err
+            raise _NotStarted("it, or the zygote that forks it, exited") from err
         except pickle.UnpicklingError as err:
             raise _NotStarted(f"its first words were not a pickle: {err}") from err
-        if not (isinstance(said, tuple) and len(said) == 2 and said[0] == _READY):
-            raise _NotStarted(f"it said {said!r} instead of ({_READY!r}, its ready time)")
-        self.ready = True
-        _count(started=1, startup_s=max(said[1] - self.spawned_at, 0.0),
+        if not (isinstance(said, tuple) and len(said) == 3 and said[0] == READY):
+            raise _NotStarted(f"it said {said!r} instead of ({READY!r}, its pid, its ready time)")
+        self.pid = said[1]
+        _count(started=1, startup_s=max(said[2] - self.spawned_at, 0.0),
                ready_wait_s=time.perf_counter() - start)
 
     def close(self) -> None:
-        self.process.stdin.close()  # the worker exits at end of input
+        self.stream.close()
+        self.channel.close()  # the worker exits at end of file
+
+    def kill(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.close()
 
 
 class _NotStarted(Exception):
     pass
 
 
-class _Failed(NamedTuple):
-    """A worker's failure that is not about the kernel (its text)."""
-
-    text: str
-
-
-_READY = "ready"
-# idle workers and how many are running (guarded by _LOCK); why workers cannot start here
+# idle workers, how many are running and the zygote that forks them (guarded by _LOCK);
+# why workers cannot start here
 _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _running = 0
+_zygote: _Zygote | None = None
 _LOCK = threading.Lock()
 _cannot_start: str | None = None
 # kernel key -> set when its worker build ends, and how many prefetch threads serve the
@@ -216,7 +266,7 @@ def start_ahead(request: Any) -> None:
     with _LOCK:
         try:
             while _running < config.compile_workers:
-                started.append(_Worker(request.knobs["arch"]))
+                started.append(_Worker(_zygote_for(request.knobs["arch"])))
                 _running += 1
         except OSError as err:
             log.debug("starting compile workers ahead: %s", err)
@@ -253,7 +303,7 @@ def _build_in_a_worker(request: Any) -> str | None:
                                  params=format_params(request.params),
                                  cause=f"{type(err).__name__}: {err}") from err
     _IDLE.put(worker)
-    if isinstance(reply, _Failed):
+    if isinstance(reply, Failed):
         log.warning("a compile worker failed on %s (%s); compiling it in this process",
                     request.kernel_name, reply.text)
         return None
@@ -273,12 +323,49 @@ def _give_up(reason: str) -> None:
 
 
 def shutdown() -> None:
-    """Stop the idle workers (busy ones stop when their build returns)."""
-    global _running
+    """Stop the zygote and the idle workers (busy ones stop when their build returns)."""
+    global _running, _zygote
     with _LOCK:
         while not _IDLE.empty():
             _IDLE.get().close()
             _running -= 1
+        if _zygote is not None:
+            _zygote.close()
+            _zygote = None
+
+
+def start_zygote(arch: str) -> None:
+    """Start ``arch``'s zygote now, unless it runs or no worker could be used (none
+    configured, no disk cache it could write, workers unable to start here). Never
+    raises: a zygote that cannot be spawned is left to the first build, which says why."""
+    if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
+            or not default_cache().mode.writable):
+        return
+    with _LOCK:
+        try:
+            _zygote_for(arch)
+        except OSError as err:
+            log.debug("starting the compile workers' zygote ahead: %s", err)
+
+
+def stop_unused_zygote() -> None:
+    """Stop the zygote if it forked no worker (what it was started for built nothing)."""
+    global _zygote
+    with _LOCK:
+        if _zygote is not None and _running == 0:
+            _zygote.kill()
+            _zygote = None
+
+
+def _zygote_for(arch: str) -> _Zygote:
+    """The zygote of ``arch``, started now if need be (one of another arch is stopped:
+    its idle workers go when next acquired). Called under _LOCK; OSError: none started."""
+    global _zygote
+    if _zygote is None or _zygote.arch != arch:
+        if _zygote is not None:
+            _zygote.close()
+        _zygote = _Zygote(arch)
+    return _zygote
 
 
 def _compiles_when_loaded(request: Any) -> bool:
@@ -322,7 +409,7 @@ def _acquire(arch: str) -> _Worker:
     while True:
         with _LOCK:
             if _IDLE.empty() and _running < config.compile_workers:
-                worker = _Worker(arch)  # OSError: none started
+                worker = _Worker(_zygote_for(arch))  # OSError: none started
                 _running += 1
                 return worker
         start = time.perf_counter()
@@ -337,35 +424,6 @@ def _acquire(arch: str) -> _Worker:
 
 def _retire(worker: _Worker) -> None:
     global _running
-    worker.process.kill()
+    worker.kill()
     with _LOCK:
         _running -= 1
-
-
-def _build(request: Any) -> str | CuteDSLInductorError | _Failed:
-    """In the worker: compile into the disk cache. The reply: where the kernel came from
-    ("compiled", "disk"), our error about the kernel (picklable), or any other failure."""
-    try:
-        return request.load().origin
-    except CuteDSLInductorError as err:
-        return err
-    except Exception as err:
-        return _Failed(f"{type(err).__name__}: {err}")
-
-
-def serve() -> None:
-    """The worker's loop: one request in, one reply out, until the parent closes stdin."""
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
-    import cutlass.cute  # noqa: F401 - before ``ready``: a worker started ahead imports it early
-    pickle.dump((_READY, time.time()), replies)
-    replies.flush()
-    requests = sys.stdin.buffer
-    while True:
-        try:
-            request = pickle.load(requests)
-        except EOFError:
-            return
-        pickle.dump(_build(request), replies)
-        replies.flush()
-

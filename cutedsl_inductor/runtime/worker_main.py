@@ -1,0 +1,98 @@
+"""What runs in the compile workers' processes; ``workers.py`` is the parent's side.
+
+A worker needs torch, Inductor, this package and CuTe DSL imported: seconds of CPU, and
+many seconds each where several interpreters import them at once beside Inductor's own
+compile workers. So one zygote process per arch imports them, and each worker is a fork
+of it, started in milliseconds with the imported modules shared copy-on-write, as
+PyTorch's DataLoader forks its workers after ``import torch``. The zygote never
+compiles and sees no GPU; it starts no thread pool (its environment sets
+``OPENBLAS_NUM_THREADS=1``), so a fork copies no lock a thread of its making holds. On a
+machine with a CUDA driver, Inductor's imports initialize the driver (no device visible)
+and it keeps a service thread: the forks never call the driver, as DataLoader workers
+forked from a process with CUDA up never do.
+
+Protocol: the zygote's control socket (its end of a socketpair, the descriptor number
+in ``argv``) carries one message per worker, the worker's socket as a passed file
+descriptor. The zygote forks; the fork says ``(READY, its pid, its ready time)`` on that
+socket, then serves builds, one pickled request in and one pickled reply out, until end
+of file. What a fork or the zygote prints goes to stderr.
+
+Failure semantics: the zygote closes its copy of each worker's socket, so a fork that
+dies is end of file to the parent, and so is every socket still queued when the zygote
+dies or could not start (the parent then turns the workers off). The zygote exits at end
+of file on its control socket (the parent closed it or died); a fork exits at end of
+file on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import time
+import traceback
+from typing import Any, NamedTuple
+
+from ..exc import CuteDSLInductorError
+
+READY = "ready"
+# what the zygote imports for every fork: the CuTe DSL modules that kernel bodies use
+PRELOAD = ("cutlass.cute", "cutlass.pipeline", "cutlass.utils.hopper_helpers",
+           "cutlass.cute.nvgpu.warpgroup")
+
+
+class Failed(NamedTuple):
+    """A worker's failure that is not about the kernel (its text)."""
+
+    text: str
+
+
+def zygote(control_fd: int) -> None:
+    """The zygote's loop: fork a worker for each socket received, until end of file."""
+    import importlib
+
+    os.dup2(2, 1)  # prints go to stderr
+    for name in PRELOAD:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forks
+    control = socket.socket(fileno=control_fd)
+    while True:
+        _, fds, _, _ = socket.recv_fds(control, 1, 1)
+        if not fds:
+            return
+        if os.fork() == 0:
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os._exit(_serve(socket.socket(fileno=fds[0])))  # not the zygote's exit handlers
+        os.close(fds[0])
+
+
+def _serve(channel: socket.socket) -> int:
+    """A fork's loop: one request in, one reply out, until the parent closes the socket;
+    its exit status."""
+    stream = channel.makefile("rwb")
+    try:
+        pickle.dump((READY, os.getpid(), time.time()), stream)
+        stream.flush()
+        while True:
+            try:
+                request = pickle.load(stream)
+            except EOFError:
+                return 0
+            pickle.dump(_build(request), stream)
+            stream.flush()
+    except BaseException:  # noqa: BLE001 - said on stderr; the parent sees end of file
+        traceback.print_exc()
+        return 1
+
+
+def _build(request: Any) -> str | CuteDSLInductorError | Failed:
+    """Compile into the disk cache. The reply: where the kernel came from ("compiled",
+    "disk", "remote"), our error about the kernel (picklable), or any other failure."""
+    try:
+        return request.load().origin
+    except CuteDSLInductorError as err:
+        return err
+    except Exception as err:
+        return Failed(f"{type(err).__name__}: {err}")

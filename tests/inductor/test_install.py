@@ -1,0 +1,56 @@
+"""What ``install()`` hooks into dynamo: the compile workers' zygote starts with a compile
+that lists CUTEDSL and is stopped at its end when it forked no worker."""
+
+import pytest
+import torch
+
+from cutedsl_inductor import config
+from cutedsl_inductor.inductor.install import _start_workers_ahead, install_workers_ahead
+from cutedsl_inductor.runtime import workers
+
+
+@pytest.fixture
+def compile_with_workers(monkeypatch):
+    """torch.compile of a CPU function with a backend that records the zygote while
+    Inductor would be lowering (between dynamo's start and end callbacks)."""
+    monkeypatch.setattr(config, "compile_workers", 2)
+    monkeypatch.setattr(workers, "_cannot_start", None)
+    torch._dynamo.reset()  # dynamo's reset drops callbacks; install them again
+    install_workers_ahead()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(workers._zygote)
+        return gm.forward
+
+    def run(backends):
+        with torch._inductor.config.patch(max_autotune_gemm_backends=backends):
+            torch.compile(lambda x: x.sin() + 1, backend=backend)(torch.ones(4))
+        return seen[-1]
+
+    yield run
+    workers.shutdown()
+
+
+def test_a_compile_listing_cutedsl_starts_the_zygote_and_stops_it_unused(compile_with_workers):
+    during = compile_with_workers("ATEN,TRITON,CUTEDSL")
+    assert during is not None and during.arch == "sm_90a"
+    assert workers._zygote is None  # it forked no worker
+    assert during.process.returncode is not None  # stopped, not left importing
+
+
+def test_a_compile_without_cutedsl_starts_no_zygote(compile_with_workers):
+    assert compile_with_workers("ATEN,TRITON") is None
+
+
+def test_a_zygote_that_forked_workers_outlives_the_compile(compile_with_workers):
+    install_workers_ahead()  # idempotent
+    assert torch._dynamo.callback_handler.start_callbacks.count(_start_workers_ahead) == 1
+    workers.start_zygote("sm_90a")
+    with workers._LOCK:
+        worker = workers._Worker(workers._zygote)
+        workers._running += 1
+    workers._IDLE.put(worker)
+    zygote = workers._zygote
+    assert compile_with_workers("ATEN,CUTEDSL") is zygote
+    assert workers._zygote is zygote and zygote.process.poll() is None
