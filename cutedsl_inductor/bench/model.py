@@ -10,7 +10,8 @@ graphs: ``mode="max-autotune"``, ``"reduce-overhead"`` for Inductor's default) a
 ``train`` (2 x 2048 tokens, forward and backward of ``logits.float().square().mean()``).
 Variants: ``eager``, ``default`` (torch.compile), ``max-autotune`` (ATEN,TRITON) and
 ``cutedsl`` (ATEN,TRITON,CUTEDSL; ``--fusion`` on and/or off, default: the package's
-``config.epilogue_fusion``).
+``config.epilogue_fusion``); ``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion as ``cutedsl``)
+runs only when named, to tell what Triton's choices beside ours change.
 
 Each measurement runs in a process of its own (``python -m cutedsl_inductor.bench.model
 --child CASE``) with fresh Inductor and kernel caches: its first call is the cold figure;
@@ -55,8 +56,10 @@ from .model_report import add_ratios, line, plot, summary, write_csv
 FAMILIES = ("llama", "gpt2")
 WORKLOADS = {"prefill": (4, 2048), "decode": (64, 1), "decode-graphs": (64, 1),
              "train": (2, 2048)}
-VARIANTS = ("eager", "default", "max-autotune", "cutedsl")
-BACKENDS = {"max-autotune": "ATEN,TRITON", "cutedsl": "ATEN,TRITON,CUTEDSL"}
+VARIANTS = ("eager", "default", "max-autotune", "cutedsl", "cutedsl-no-triton")
+DEFAULT_VARIANTS = VARIANTS[:4]
+BACKENDS = {"max-autotune": "ATEN,TRITON", "cutedsl": "ATEN,TRITON,CUTEDSL",
+            "cutedsl-no-triton": "ATEN,CUTEDSL"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +264,7 @@ def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
     for family in args.families:
         for workload in args.workloads:
             for variant in args.variants:
-                fusions = args.fusion if variant == "cutedsl" else [None]
+                fusions = args.fusion if variant.startswith("cutedsl") else [None]
                 for fusion in fusions:
                     case = Case(family, workload, variant, layers=args.layers, batch=batch,
                                 seq=seq, fusion=fusion, steps=args.steps,
@@ -320,7 +323,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", type=one_of(tuple(WORKLOADS), "workload", all_of=True),
                    default=list(WORKLOADS))
     p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
-                   default=list(VARIANTS))
+                   default=list(DEFAULT_VARIANTS))
     p.add_argument("--fusion", type=_fusions, default=[None],
                    help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
     p.add_argument("--layers", type=parse_count, default=2)

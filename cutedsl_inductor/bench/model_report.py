@@ -52,7 +52,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """The speedups of our variant(s) over max-autotune and the first-call ratios."""
     lines = ["", "speedup over max-autotune (ms per step), first call cold / warm vs max-autotune:"]
     for row in rows:
-        if row["variant"] != "cutedsl" or "speedup_vs_max-autotune" not in row:
+        if not row["variant"].startswith("cutedsl") or "speedup_vs_max-autotune" not in row:
             continue
         first = ""
         if "first_call_vs_max_autotune" in row:
@@ -60,7 +60,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
             if "warm_first_call_vs_max_autotune" in row:
                 first += f" / {row['warm_first_call_vs_max_autotune']:.2f}x"
         fusion = "fusion on" if row["fusion"] is not False else "fusion off"
-        lines.append(f"  {row['family']:6} {row['workload']:13} {fusion:10} "
+        lines.append(f"  {row['family']:6} {row['workload']:13} {row['variant']:17} {fusion:10} "
                      f"{row['speedup_vs_max-autotune']:.3f}x{first}")
     return "\n".join(lines)
 
@@ -72,7 +72,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
-    shown = [r for r in rows if r["variant"] in ("default", "cutedsl")
+    shown = [r for r in rows if r["variant"] in ("default", "cutedsl", "cutedsl-no-triton")
              and "speedup_vs_max-autotune" in r]
     if not shown:
         return

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cutedsl_inductor.bench.model import Case, cases_of
+from cutedsl_inductor.bench.model import BACKENDS, Case, cases_of
 from cutedsl_inductor.bench.model_report import add_ratios, summary
 from cutedsl_inductor.cli import parser
 
@@ -18,6 +18,17 @@ def test_fusion_off_shares_the_caches_of_fusion_on():
         ("max-autotune", None, "llama-decode-max-autotune"),
         ("cutedsl", True, "llama-decode-cutedsl"), ("cutedsl", False, "llama-decode-cutedsl")]
     assert plan[0][0].tokens == (64, 1)
+
+
+def test_the_variant_without_triton_runs_only_when_named_in_caches_of_its_own():
+    assert [c.variant for c, _ in cases_of(args("--workloads", "prefill", "--families", "llama"))
+            ] == ["eager", "default", "max-autotune", "cutedsl"]
+    plan = cases_of(args("--families", "llama", "--workloads", "prefill", "--variants",
+                         "cutedsl,cutedsl-no-triton", "--fusion", "on"))
+    assert [(c.variant, c.fusion, group) for c, group in plan] == [
+        ("cutedsl", True, "llama-prefill-cutedsl"),
+        ("cutedsl-no-triton", True, "llama-prefill-cutedsl-no-triton")]
+    assert BACKENDS[plan[1][0].variant] == "ATEN,CUTEDSL"
 
 
 def test_tokens_override_every_workload():
