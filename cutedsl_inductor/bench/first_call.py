@@ -5,7 +5,9 @@ from what torch, Triton and this package count as they go (no profiler).
 and installs two cheap hooks, once per process: a timer around Inductor's
 ``RemoteCache.get`` / ``put`` (per cache class: FX graph, AOTAutograd, autotune, ours)
 and Triton's compilation listener (``triton.knobs.compilation.listener``, chained to any
-listener already there). ``columns(first_call_s)`` after the call gives the ``fc_*``
+listener already there), and a timer around each kernel's coordinate descent
+(``CachingAutotuner.coordinate_descent_tuning``, run at a Triton kernel's first launch
+under max-autotune: in the first call's rest, not in its compile). ``columns(first_call_s)`` after the call gives the ``fc_*``
 columns, each the difference over the call. A source this torch or Triton lacks leaves
 its columns None (an empty CSV cell), never an error.
 
@@ -96,8 +98,9 @@ DERIVED = ("fc_compile_s", "fc_rest_s", "fc_dynamo_s", "fc_autotune_s", "fc_torc
 OUR_REMOTE_CACHE = remote_cache.CuteDSLRemoteCache.__name__
 log = logging.getLogger(__name__)
 
-# what the hooks count: "get <cache class>" / "put <cache class>" -> [calls, seconds], and
-# "triton compiled" / "triton cache hit" -> [calls, seconds of triton.compile]
+# what the hooks count: "get <cache class>" / "put <cache class>" -> [calls, seconds],
+# "triton compiled" / "triton cache hit" -> [calls, seconds of triton.compile], and
+# "coordesc <kernel>" -> [tunings, seconds]
 _hooked: dict[str, list[float]] = {}
 _lock = threading.Lock()
 
@@ -121,15 +124,33 @@ def _timed(method: Callable[..., Any], action: str) -> Callable[..., Any]:
     return timed
 
 
+def _timed_per_kernel(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            name = getattr(getattr(self, "fn", None), "__name__", "?")
+            _count(f"coordesc {name}", time.perf_counter() - start)
+
+    return timed
+
+
 @functools.cache
 def install_hooks() -> None:
-    """The timer on Inductor's remote caches and Triton's listener (each where it exists)."""
+    """The timers on Inductor's remote caches and coordinate descent, and Triton's
+    listener (each where it exists)."""
     from torch._inductor.remote_cache import RemoteCache
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     for action in ("get", "put"):
         method = getattr(RemoteCache, action, None)
         if method is not None:
             setattr(RemoteCache, action, _timed(method, action))
+    tuning = getattr(CachingAutotuner, "coordinate_descent_tuning", None)
+    if tuning is not None:
+        CachingAutotuner.coordinate_descent_tuning = _timed_per_kernel(tuning)
     try:
         from triton import knobs
     except ImportError:
@@ -239,7 +260,18 @@ def _hooked_columns(before: dict[str, list[float]], now: dict[str, list[float]]
             "fc_triton_compiled": total("triton compiled", 0),
             "fc_triton_compiled_kernels": _most_compiled(added),
             "fc_triton_cache_hits": total("triton cache hit", 0),
-            "fc_triton_compile_s": total("triton ", 1)}
+            "fc_triton_compile_s": total("triton ", 1),
+            "fc_coordesc": total("coordesc ", 0),
+            "fc_coordesc_s": total("coordesc ", 1),
+            "fc_coordesc_kernels": _slowest_tuned(added)}
+
+
+def _slowest_tuned(added: dict[str, tuple[int, float]], top: int = 6) -> str | None:
+    """The kernels whose coordinate descent took longest in the call, with seconds."""
+    prefix = "coordesc "
+    tuned = sorted(((name[len(prefix):], s) for name, (_, s) in added.items()
+                    if name.startswith(prefix)), key=lambda item: (-item[1], item[0]))
+    return "; ".join(f"{name} {s:.2f}s" for name, s in tuned[:top]) or None
 
 
 def _most_compiled(added: dict[str, tuple[int, float]], top: int = 6) -> str | None:
@@ -290,4 +322,6 @@ def describe(row: dict[str, Any], warm: bool = False) -> str:
         f"{_s(r['fc_worker_build_s'])} s, cutlass "
         f"{'imported' if r.get('cutlass_imported') else 'not imported'}"
         + (f" | triton compiled most: {r['fc_triton_compiled_kernels']}"
-           if r.get("fc_triton_compiled_kernels") else ""))
+           if r.get("fc_triton_compiled_kernels") else "")
+        + (f" | coordesc {_n(r.get('fc_coordesc'))} kernels {_s(r.get('fc_coordesc_s'))} s, "
+           f"slowest: {r['fc_coordesc_kernels']}" if r.get("fc_coordesc_kernels") else ""))

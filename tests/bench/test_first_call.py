@@ -108,3 +108,25 @@ def test_the_kernels_triton_compiled_most_often():
     assert columns["fc_triton_compiled_kernels"] == "triton_poi_0 3; triton_red_1 2; triton_per_3 1"
     assert columns["fc_triton_compiled"] == 6 and columns["fc_triton_cache_hits"] == 5
     assert _hooked_columns({}, {})["fc_triton_compiled_kernels"] is None
+
+
+def test_the_kernels_whose_coordinate_descent_took_longest():
+    before = {"coordesc triton_red_0": [1, 2.0]}
+    now = {"coordesc triton_red_0": [2, 5.0], "coordesc triton_poi_1": [1, 4.0],
+           "triton compiled triton_poi_1": [3, 1.0]}
+    columns = _hooked_columns(before, now)
+    assert columns["fc_coordesc_kernels"] == "triton_poi_1 4.00s; triton_red_0 3.00s"
+    assert columns["fc_coordesc"] == 2 and columns["fc_coordesc_s"] == 7.0
+    assert columns["fc_triton_compile_s"] == 1.0  # coordinate descent is not a compile
+
+
+def test_coordinate_descent_is_timed_per_kernel_once_hooked():
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from cutedsl_inductor.bench import first_call
+
+    first_call.Recorder()
+    first_call.Recorder()  # hooks installed once
+    tuning = CachingAutotuner.coordinate_descent_tuning
+    assert tuning.__wrapped__.__qualname__ == "CachingAutotuner.coordinate_descent_tuning"
+    assert not hasattr(tuning.__wrapped__, "__wrapped__")
