@@ -7,7 +7,10 @@ and installs two cheap hooks, once per process: a timer around Inductor's
 and Triton's compilation listener (``triton.knobs.compilation.listener``, chained to any
 listener already there), and a timer around each kernel's coordinate descent
 (``CachingAutotuner.coordinate_descent_tuning``, run at a Triton kernel's first launch
-under max-autotune: in the first call's rest, not in its compile). ``columns(first_call_s)`` after the call gives the ``fc_*``
+under max-autotune: in the first call's rest, not in its compile), and a feedback saver
+(Inductor's hook, called with each autotuning's timings) that notes, where our choices
+were timed, whether one of ours was fastest and the rank of our fastest in the order
+the heuristic offered them: what offering fewer configs would have lost. ``columns(first_call_s)`` after the call gives the ``fc_*``
 columns, each the difference over the call. A source this torch or Triton lacks leaves
 its columns None (an empty CSV cell), never an error.
 
@@ -30,11 +33,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..autotune.benchmark_request import CuteDSLBenchmarkRequest
 from ..compile import compiler, decisions, remote_cache
 from ..runtime import loader, workers
 
@@ -100,7 +105,7 @@ log = logging.getLogger(__name__)
 
 # what the hooks count: "get <cache class>" / "put <cache class>" -> [calls, seconds],
 # "triton compiled" / "triton cache hit" -> [calls, seconds of triton.compile], and
-# "coordesc <kernel>" -> [tunings, seconds]
+# "coordesc <kernel>" -> [tunings, seconds], "our rank <k>" / "ours won" -> [autotunings, 0]
 _hooked: dict[str, list[float]] = {}
 _lock = threading.Lock()
 
@@ -137,12 +142,30 @@ def _timed_per_kernel(method: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
+def _note_our_ranks(timings: dict[Any, float], _name: str, _nodes: Any, choices: list[Any],
+                    *_rest: Any) -> None:
+    """A feedback saver: where our choices were timed, the rank of our fastest among
+    ours (their order in the list is the heuristic's) and whether it was fastest of all."""
+    ours = [c for c in choices if isinstance(getattr(c, "bmreq", None), CuteDSLBenchmarkRequest)]
+    timed = {c: ms for c, ms in timings.items() if math.isfinite(ms)}
+    our_timed = [c for c in ours if c in timed]
+    if not our_timed:
+        return
+    best = min(our_timed, key=timed.__getitem__)
+    _count(f"our rank {ours.index(best) + 1}", 0.0)
+    if min(timed, key=timed.__getitem__) is best:
+        _count("ours won", 0.0)
+
+
 @functools.cache
 def install_hooks() -> None:
     """The timers on Inductor's remote caches and coordinate descent, and Triton's
     listener (each where it exists)."""
+    from torch._inductor import select_algorithm
     from torch._inductor.remote_cache import RemoteCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    select_algorithm.add_feedback_saver(_note_our_ranks)
 
     for action in ("get", "put"):
         method = getattr(RemoteCache, action, None)
@@ -261,9 +284,15 @@ def _hooked_columns(before: dict[str, list[float]], now: dict[str, list[float]]
             "fc_triton_compiled_kernels": _most_compiled(added),
             "fc_triton_cache_hits": total("triton cache hit", 0),
             "fc_triton_compile_s": total("triton ", 1),
-            "fc_coordesc": total("coordesc ", 0),
+            "fc_coordesc": sum(name.startswith("coordesc ") for name in added),
             "fc_coordesc_s": total("coordesc ", 1),
-            "fc_coordesc_kernels": _slowest_tuned(added)}
+            "fc_coordesc_kernels": _slowest_tuned(added),
+            "fc_our_autotunings": total("our rank ", 0),
+            "fc_ours_won": total("ours won", 0),
+            "fc_our_best_ranks": " ".join(
+                f"#{rank}:{count}" for rank, count in sorted(
+                    (int(name.rsplit(" ", 1)[1]), count) for name, (count, _) in added.items()
+                    if name.startswith("our rank "))) or None}
 
 
 def _slowest_tuned(added: dict[str, tuple[int, float]], top: int = 6) -> str | None:
@@ -324,4 +353,7 @@ def describe(row: dict[str, Any], warm: bool = False) -> str:
         + (f" | triton compiled most: {r['fc_triton_compiled_kernels']}"
            if r.get("fc_triton_compiled_kernels") else "")
         + (f" | coordesc {_n(r.get('fc_coordesc'))} kernels {_s(r.get('fc_coordesc_s'))} s, "
-           f"slowest: {r['fc_coordesc_kernels']}" if r.get("fc_coordesc_kernels") else ""))
+           f"slowest: {r['fc_coordesc_kernels']}" if r.get("fc_coordesc_kernels") else "")
+        + (f" | ours fastest in {_n(r.get('fc_ours_won'))} of {_n(r.get('fc_our_autotunings'))} "
+           f"autotunings, rank of our fastest #rank:times {r['fc_our_best_ranks']}"
+           if r.get("fc_our_best_ranks") else ""))

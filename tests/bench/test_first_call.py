@@ -130,3 +130,23 @@ def test_coordinate_descent_is_timed_per_kernel_once_hooked():
     tuning = CachingAutotuner.coordinate_descent_tuning
     assert tuning.__wrapped__.__qualname__ == "CachingAutotuner.coordinate_descent_tuning"
     assert not hasattr(tuning.__wrapped__, "__wrapped__")
+
+
+def test_where_our_fastest_choice_ranked_in_each_autotuning(graph):
+    """Three of our real choices in the heuristic's order beside another backend's."""
+    from cutedsl_inductor.bench import first_call
+    from tests.runtime.test_workers import add_choices
+
+    first, second, third = add_choices(graph, (64, 128, 256))
+    aten = object()  # another backend's choice: no CuteDSL benchmark request
+    before = {name: list(entry) for name, entry in first_call._hooked.items()}
+    # settle_clocks_first moved our first choice ahead of the rest
+    first_call._note_our_ranks({first: 0.30, second: 0.20, third: 0.25, aten: 0.10}, "mm", [],
+                               [first, aten, second, third])
+    first_call._note_our_ranks({first: 0.1, second: float("inf"), aten: 0.2}, "mm", [],
+                               [first, aten, second, third])
+    first_call._note_our_ranks({aten: 0.2}, "mm", [], [aten])  # none of ours: not counted
+    now = {name: list(entry) for name, entry in first_call._hooked.items()}
+    columns = _hooked_columns(before, now)
+    assert columns["fc_our_autotunings"] == 2 and columns["fc_ours_won"] == 1
+    assert columns["fc_our_best_ranks"] == "#1:1 #2:1"
