@@ -23,17 +23,13 @@ GEMM backends starts the zygote (``start_zygote``, from dynamo's compile-start c
 compile's tracing; one that forked no worker by the compile's end (a warm compile that
 built nothing) is stopped then (``stop_unused_zygote``).
 
-A worker is a fork of a zygote process (``worker_main.py``), which imports torch,
-Inductor, this package and CuTe DSL once for all the workers of an arch: the zygote
-is ``python -c "<import worker_main and run zygote()>"`` (not ``-m``, which would
-import the module twice: as ``__main__`` and through the package), started with the
-first worker and kept, like the workers, for the life of this process. Requests and
-replies are pickles over a socketpair per worker. Like Inductor's own compile workers
-the zygote is a fresh interpreter, not a fork of this process or a multiprocessing
-spawn: it never re-runs the user's script, and this process's CUDA and CuTe state stays
-out of it. It sees no GPU (a compile needs none, and a CUDA context per worker would
-cost GPU memory) and compiles for the arch resolved here (``CUTE_DSL_ARCH``, read when
-CuTe is first imported; a request for another arch replaces the zygote and workers).
+A worker is a fork of a zygote process (``zygote.py``), which imports torch, Inductor,
+this package and CuTe DSL once for all the workers of an arch; both are kept for the
+life of this process. The zygote is a fresh interpreter, not a fork of this process: it
+never re-runs the user's script, and this process's CUDA and CuTe state stays out of it.
+It sees no GPU (a compile needs none, and a CUDA context per worker would cost GPU
+memory) and compiles for the arch resolved here (``CUTE_DSL_ARCH``, read when CuTe is
+first imported; a request for another arch replaces the zygote and workers).
 
 Failure semantics:
 - a worker that cannot start (it, or the zygote, dies before it says it is ready: the
@@ -62,27 +58,19 @@ import pickle
 import queue
 import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import config
 from ..compile import compiler
 from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
-from . import worker_main
 from .loader import kernel_key
-from .worker_main import READY, Failed
+from .zygote import READY, Failed, Zygote
 
 log = logging.getLogger(__name__)
-
-
-# What the zygote process runs; its argument is its control socket's descriptor.
-ZYGOTE_SOURCE = f"import sys; from {worker_main.__name__} import zygote; zygote(int(sys.argv[1]))"
 
 
 # what the module docstring says; "started" counts the workers that said they were ready
@@ -97,46 +85,8 @@ def _count(**added: float) -> None:
             stats[name] += value
 
 
-class _Zygote:
-    """The zygote process of an arch (see ``worker_main.py``)."""
-
-    def __init__(self, arch: str) -> None:
-        self.arch = arch
-        self.control, theirs = socket.socketpair()
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
-                   OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
-        finally:
-            theirs.close()
-
-    def fork(self) -> socket.socket:
-        """A new worker's socket; it says it is ready once the zygote has forked it.
-        OSError: the zygote is gone."""
-        mine, theirs = socket.socketpair()
-        try:
-            socket.send_fds(self.control, [b"w"], [theirs.fileno()])
-        except OSError:
-            mine.close()
-            raise
-        finally:
-            theirs.close()
-        return mine
-
-    def close(self) -> None:
-        self.control.close()  # the zygote exits at end of file
-
-    def kill(self) -> None:
-        """Stop it now, mid-import if need be (it forked no worker)."""
-        self.process.kill()
-        self.process.wait()
-        self.control.close()
-
-
 class _Worker:
-    def __init__(self, zygote: _Zygote) -> None:
+    def __init__(self, zygote: Zygote) -> None:
         self.arch = zygote.arch
         self.pid: int | None = None  # said when it is ready
         self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
@@ -144,7 +94,7 @@ class _Worker:
         self.stream = self.channel.makefile("rwb")
 
     def build(self, request: Any) -> "str | CuteDSLInductorError | Failed":
-        """The worker's reply (see ``worker_main._build``); EOFError or BrokenPipeError
+        """The worker's reply (see ``zygote._build``); EOFError or BrokenPipeError
         if it died, _NotStarted if it died before it was ready (it could not start: its
         environment, not a kernel)."""
         if self.pid is None:
@@ -191,7 +141,7 @@ class _NotStarted(Exception):
 # why workers cannot start here
 _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _running = 0
-_zygote: _Zygote | None = None
+_zygote: Zygote | None = None
 _LOCK = threading.Lock()
 _cannot_start: str | None = None
 # kernel key -> set when its worker build ends, and how many prefetch threads serve the
@@ -357,14 +307,14 @@ def stop_unused_zygote() -> None:
             _zygote = None
 
 
-def _zygote_for(arch: str) -> _Zygote:
+def _zygote_for(arch: str) -> Zygote:
     """The zygote of ``arch``, started now if need be (one of another arch is stopped:
     its idle workers go when next acquired). Called under _LOCK; OSError: none started."""
     global _zygote
     if _zygote is None or _zygote.arch != arch:
         if _zygote is not None:
             _zygote.close()
-        _zygote = _Zygote(arch)
+        _zygote = Zygote(arch)
     return _zygote
 
 

@@ -13,6 +13,7 @@ from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.exc import KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
 from cutedsl_inductor.runtime import workers
+from cutedsl_inductor.runtime.zygote import READY, ZYGOTE_SOURCE, Zygote
 from tests.helpers import make_input, make_layout
 from tests.runtime.test_loader import BROKEN_SOURCE
 
@@ -157,11 +158,11 @@ def test_the_zygote_forks_ready_workers_holds_one_thread_and_warns_of_nothing():
     import socket
     import subprocess
 
-    zygote = workers._Zygote("sm_90a")
+    zygote = Zygote("sm_90a")
     try:
         channels = [zygote.fork() for _ in range(2)]
         said = [pickle.load(channel.makefile("rb")) for channel in channels]
-        assert [s[0] for s in said] == [workers.READY] * 2
+        assert [s[0] for s in said] == [READY] * 2
         assert len({s[1] for s in said}) == 2 and all(abs(time.time() - s[2]) < 120 for s in said)
         tasks = f"/proc/{zygote.process.pid}/task"
         others = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)
@@ -176,7 +177,7 @@ def test_the_zygote_forks_ready_workers_holds_one_thread_and_warns_of_nothing():
     mine, theirs = socket.socketpair()
     mine.close()  # end of file once it has imported what it preloads
     run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
-                          workers.ZYGOTE_SOURCE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                          ZYGOTE_SOURCE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
                          capture_output=True, timeout=120)
     theirs.close()
     assert run.returncode == 0 and b"Warning" not in run.stderr, run.stderr.decode()[-2000:]

@@ -1,4 +1,5 @@
-"""What runs in the compile workers' processes; ``workers.py`` is the parent's side.
+"""The compile workers' processes: the zygote that forks them, its handle in the parent
+(``Zygote``), and what a fork runs; ``workers.py`` hands them builds.
 
 A worker needs torch, Inductor, this package and CuTe DSL imported: seconds of CPU, and
 many seconds each where several interpreters import them at once beside Inductor's own
@@ -11,9 +12,10 @@ machine with a CUDA driver, Inductor's imports initialize the driver (no device 
 and it keeps a service thread: the forks never call the driver, as DataLoader workers
 forked from a process with CUDA up never do.
 
-Protocol: the zygote's control socket (its end of a socketpair, the descriptor number
-in ``argv``) carries one message per worker, the worker's socket as a passed file
-descriptor. The zygote forks; the fork says ``(READY, its pid, its ready time)`` on that
+The zygote is ``python -c ZYGOTE_SOURCE`` (not ``-m``, which would import this module
+twice: as ``__main__`` and through the package). Protocol: its control socket (its end
+of a socketpair, the descriptor number in ``argv``) carries one message per worker, the
+worker's socket as a passed file descriptor. The zygote forks; the fork says ``(READY, its pid, its ready time)`` on that
 socket, then serves builds, one pickled request in and one pickled reply out, until end
 of file. What a fork or the zygote prints goes to stderr.
 
@@ -30,6 +32,8 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -40,6 +44,46 @@ READY = "ready"
 # what the zygote imports for every fork: the CuTe DSL modules that kernel bodies use
 PRELOAD = ("cutlass.cute", "cutlass.pipeline", "cutlass.utils.hopper_helpers",
            "cutlass.cute.nvgpu.warpgroup")
+# what the zygote process runs; its argument is its control socket's descriptor
+ZYGOTE_SOURCE = f"import sys; from {__name__} import zygote; zygote(int(sys.argv[1]))"
+
+
+class Zygote:
+    """The zygote process of an arch, as the parent holds it."""
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.control, theirs = socket.socketpair()
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
+                   OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        finally:
+            theirs.close()
+
+    def fork(self) -> socket.socket:
+        """A new worker's socket; it says it is ready once the zygote has forked it.
+        OSError: the zygote is gone."""
+        mine, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self.control, [b"w"], [theirs.fileno()])
+        except OSError:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return mine
+
+    def close(self) -> None:
+        self.control.close()  # the zygote exits at end of file
+
+    def kill(self) -> None:
+        """Stop it now, mid-import if need be (it forked no worker)."""
+        self.process.kill()
+        self.process.wait()
+        self.control.close()
 
 
 class Failed(NamedTuple):
