@@ -5,7 +5,8 @@
 # trace as the local one spares a warm one; AUTOGRAD_REMOTE=0 leaves it off) and cutedsl
 # (ours too: CUTEDSL_INDUCTOR_REMOTE_CACHE=1). TRITON_REMOTE=1 adds Triton's own Redis
 # cache (its RemoteCacheManager) for both variants, for the Triton kernels that a
-# remote-warm process compiles although the FX graph's Triton bundle was applied. Run 1:
+# remote-warm process compiles although the FX graph's Triton bundle was applied (through
+# benchmarks/triton_redis.py: Triton 3.6's own Redis backend cannot start). Run 1:
 # cold, then local-warm; run 2: its cold process is remote-warm, then local-warm. Each
 # first call's breakdown is the "first call" lines under each row (bench/first_call.py).
 #
@@ -32,7 +33,7 @@ export TORCHINDUCTOR_REDIS_PORT=6390 CUTEDSL_INDUCTOR_REMOTE_CACHE=1 \
   TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=${AUTOGRAD_REMOTE:-1}
 if [ "${TRITON_REMOTE:-0}" = 1 ]; then
   export TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager \
-    TRITON_REMOTE_CACHE_BACKEND=triton.runtime.cache:RedisRemoteCacheBackend \
+    TRITON_REMOTE_CACHE_BACKEND=benchmarks.triton_redis:RedisBackend \
     TRITON_REDIS_PORT=6390
 fi
 
