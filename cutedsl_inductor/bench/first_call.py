@@ -2,17 +2,18 @@
 from what torch, Triton and this package count as they go (no profiler).
 
 ``Recorder()`` is made just before the first call: it takes a snapshot of every source
-and installs two cheap hooks, once per process: a timer around Inductor's
-``RemoteCache.get`` / ``put`` (per cache class: FX graph, AOTAutograd, autotune, ours)
-and Triton's compilation listener (``triton.knobs.compilation.listener``, chained to any
-listener already there), and a timer around each kernel's coordinate descent
+and installs four cheap hooks, once per process: a timer around Inductor's
+``RemoteCache.get`` / ``put`` (per cache class: FX graph, AOTAutograd, autotune, ours);
+Triton's compilation listener (``triton.knobs.compilation.listener``, chained to any
+listener already there); a timer around each kernel's coordinate descent
 (``CachingAutotuner.coordinate_descent_tuning``, run at a Triton kernel's first launch
-under max-autotune: in the first call's rest, not in its compile), and a feedback saver
+under max-autotune: in the first call's rest, not in its compile); and a feedback saver
 (Inductor's hook, called with each autotuning's timings) that notes, where our choices
-were timed, whether one of ours was fastest and the rank of our fastest in the order
-the heuristic offered them: what offering fewer configs would have lost. ``columns(first_call_s)`` after the call gives the ``fc_*``
-columns, each the difference over the call. A source this torch or Triton lacks leaves
-its columns None (an empty CSV cell), never an error.
+were timed, whether one of ours was fastest and the rank of our fastest in the order the
+heuristic offered them: what offering fewer configs would have lost.
+``columns(first_call_s)`` after the call gives the ``fc_*`` columns, each the difference
+over the call. A source this torch or Triton lacks leaves its columns None (an empty CSV
+cell), never an error.
 
 Torch's figures are the sums of its ``dynamo_timed`` regions
 (``torch._dynamo.utils.compilation_time_metrics``, in torch 2.11 and 2.13 alike) and its

@@ -2,18 +2,19 @@
 
 It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
 scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
-(``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in flex_attention's
-lowering (``flex``, off unless asked for), the clock settling before autotuning
-(``autotune/select.py``), our pre-fusion pass (``multi_template``) and the SwiGLU rewrite
-(``swiglu``), and a start of the compile workers' zygote when dynamo starts a compile
-with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped at the compile's
-end if it forked no worker; ``torch._dynamo.reset()`` clears dynamo's callbacks, and
-the workers then start at the first choice that needs them). Each is a no-op for graphs and lists without our choices, so with CUTEDSL
-off Inductor's output code is what it would be without the package; every pass is keyed
-for the FX graph cache. One change reaches every graph, at run time, not in its code: a
-warm process reuses its Triton kernels' cached coordinate-descent configs instead of
-tuning them again (``coordesc``: where torch 2.11 or Triton's Config pickling loses
-them; knob ``coordesc_recheck``).
+(``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in
+flex_attention's lowering (``flex``, off unless asked for), the clock settling before
+autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the
+SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
+starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
+at the compile's end if it forked no worker; ``torch._dynamo.reset()`` clears dynamo's
+callbacks, and the workers then start at the first choice that needs them). Each is a
+no-op for graphs and lists without our choices, so with CUTEDSL off Inductor's output
+code is what it would be without the package; every pass is keyed for the FX graph
+cache. One change reaches every graph, at run time, not in its code: a warm process
+reuses its Triton kernels' cached coordinate-descent configs instead of tuning them
+again (``coordesc``: where torch 2.11 or Triton's Config pickling loses them; knob
+``coordesc_recheck``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch._dynamo
 from torch._inductor.codegen import common
 
 from ..autotune.select import install_clock_settling
-from ..compile.compiler import target_arch
 from ..runtime import workers
 from .cache_key import install_cache_key
 from .choices import cutedsl_gemm_listed, install_choices
@@ -62,7 +62,7 @@ def install_workers_ahead() -> None:
 
 def _start_workers_ahead(_: Any) -> None:
     if cutedsl_gemm_listed():
-        workers.start_zygote(target_arch())
+        workers.start_zygote()
 
 
 def _stop_unused_workers(_: Any) -> None:

@@ -16,12 +16,12 @@ worker at a time: a build asked for while another is under way waits for it.
 Without prefetch the workers still start ahead (``prefetch`` calls ``start_ahead``):
 when the first choice whose kernel must be built is made, ``config.compile_workers`` of
 them start, so that their zygote imports torch and CuTe DSL while Inductor lowers the
-rest of the graph, not when it precompiles the first op's choices. A choice whose kernel is built
-already starts none. Earlier still, a compile that starts with CUTEDSL among Inductor's
-GEMM backends starts the zygote (``start_zygote``, from dynamo's compile-start callback,
-``inductor/install.py``): its imports take many seconds, which then overlap the
-compile's tracing; one that forked no worker by the compile's end (a warm compile that
-built nothing) is stopped then (``stop_unused_zygote``).
+rest of the graph, not when it precompiles the first op's choices. A choice whose kernel
+is built already starts none. Earlier still, a compile that starts with CUTEDSL among
+Inductor's GEMM backends starts the zygote (``start_zygote``, from dynamo's
+compile-start callback, ``inductor/install.py``): its imports take many seconds, which
+then overlap the compile's tracing; one that forked no worker by the compile's end (a
+warm compile that built nothing) is stopped then (``stop_unused_zygote``).
 
 A worker is a fork of a zygote process (``zygote.py``), which imports torch, Inductor,
 this package and CuTe DSL once for all the workers of an arch; both are kept for the
@@ -284,13 +284,14 @@ def shutdown() -> None:
             _zygote = None
 
 
-def start_zygote(arch: str) -> None:
-    """Start ``arch``'s zygote now, unless it runs or no worker could be used (none
-    configured, no disk cache it could write, workers unable to start here). Never
+def start_zygote() -> None:
+    """Start the zygote of the target arch now, unless it runs or no worker could be used
+    (none configured, no disk cache it could write, workers unable to start here). Never
     raises: a zygote that cannot be spawned is left to the first build, which says why."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
             or not default_cache().mode.writable):
         return
+    arch = compiler.target_arch()  # after the checks: it may initialize CUDA to ask the GPU
     with _LOCK:
         try:
             _zygote_for(arch)

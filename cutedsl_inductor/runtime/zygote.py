@@ -15,9 +15,10 @@ forked from a process with CUDA up never do.
 The zygote is ``python -c ZYGOTE_SOURCE`` (not ``-m``, which would import this module
 twice: as ``__main__`` and through the package). Protocol: its control socket (its end
 of a socketpair, the descriptor number in ``argv``) carries one message per worker, the
-worker's socket as a passed file descriptor. The zygote forks; the fork says ``(READY, its pid, its ready time)`` on that
-socket, then serves builds, one pickled request in and one pickled reply out, until end
-of file. What a fork or the zygote prints goes to stderr.
+worker's socket as a passed file descriptor. The zygote forks; the fork says ``(READY,
+its pid, its ready time)`` on that socket, then serves builds, one pickled request in
+and one pickled reply out, until end of file. What a fork or the zygote prints goes to
+stderr.
 
 Failure semantics: the zygote closes its copy of each worker's socket, so a fork that
 dies is end of file to the parent, and so is every socket still queued when the zygote
@@ -102,7 +103,10 @@ def zygote(control_fd: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forks
     control = socket.socket(fileno=control_fd)
     while True:
-        _, fds, _, _ = socket.recv_fds(control, 1, 1)
+        try:
+            _, fds, _, _ = socket.recv_fds(control, 1, 1)
+        except ConnectionResetError:  # the parent died
+            return
         if not fds:
             return
         if os.fork() == 0:
@@ -129,6 +133,9 @@ def _serve(channel: socket.socket) -> int:
     except BaseException:  # noqa: BLE001 - said on stderr; the parent sees end of file
         traceback.print_exc()
         return 1
+    finally:
+        sys.stdout.flush()  # the fork ends in os._exit, which flushes nothing
+        sys.stderr.flush()
 
 
 def _build(request: Any) -> str | CuteDSLInductorError | Failed:

@@ -46,7 +46,7 @@ def test_a_compile_without_cutedsl_starts_no_zygote(compile_with_workers):
 def test_a_zygote_that_forked_workers_outlives_the_compile(compile_with_workers):
     install_workers_ahead()  # idempotent
     assert torch._dynamo.callback_handler.start_callbacks.count(_start_workers_ahead) == 1
-    workers.start_zygote("sm_90a")
+    workers.start_zygote()
     with workers._LOCK:
         worker = workers._Worker(workers._zygote)
         workers._running += 1
