@@ -118,29 +118,25 @@ def _count(name: str, seconds: float) -> None:
         entry[1] += seconds
 
 
-def _timed(method: Callable[..., Any], action: str) -> Callable[..., Any]:
+def _timed(method: Callable[..., Any], label: Callable[[Any], str]) -> Callable[..., Any]:
+    """``method``, its calls and seconds counted under ``label(self)``."""
     @functools.wraps(method)
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
-            _count(f"{action} {type(self).__name__}", time.perf_counter() - start)
+            _count(label(self), time.perf_counter() - start)
 
     return timed
 
 
-def _timed_per_kernel(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            name = getattr(getattr(self, "fn", None), "__name__", "?")
-            _count(f"coordesc {name}", time.perf_counter() - start)
+def _cache_label(action: str, cache: Any) -> str:
+    return f"{action} {type(cache).__name__}"
 
-    return timed
+
+def _kernel_label(autotuner: Any) -> str:
+    return f"coordesc {getattr(getattr(autotuner, 'fn', None), '__name__', '?')}"
 
 
 def _note_our_ranks(timings: dict[Any, float], _name: str, _nodes: Any, choices: list[Any],
@@ -171,10 +167,11 @@ def install_hooks() -> None:
     for action in ("get", "put"):
         method = getattr(RemoteCache, action, None)
         if method is not None:
-            setattr(RemoteCache, action, _timed(method, action))
+            setattr(RemoteCache, action,
+                    _timed(method, functools.partial(_cache_label, action)))
     tuning = getattr(CachingAutotuner, "coordinate_descent_tuning", None)
     if tuning is not None:
-        CachingAutotuner.coordinate_descent_tuning = _timed_per_kernel(tuning)
+        CachingAutotuner.coordinate_descent_tuning = _timed(tuning, _kernel_label)
     try:
         from triton import knobs
     except ImportError:
