@@ -10,6 +10,8 @@
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             autotune_cost (a cold GEMM autotuning, by kind of choice)
 #                                             compile_workers (host CPUs only, no GPU)
+#                                             model_cold (Llama prefill, cold and warm, with
+#                                             and without Triton's GEMMs beside ours)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -73,6 +75,9 @@ for s in $steps; do
     epilogue_cost) step epilogue_cost python3 -m benchmarks.epilogue_cost ;;
     autotune_cost) step autotune_cost python3 -m benchmarks.autotune_cost ;;
     compile_workers) step compile_workers python3 -m benchmarks.compile_workers --workers 2,8 ;;
+    model_cold) step model_cold python3 -m cutedsl_inductor bench model --families llama \
+        --workloads prefill --variants max-autotune,cutedsl,cutedsl-no-triton --steps 10 \
+        --out "$OUT/model_cold" ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
