@@ -13,7 +13,6 @@ from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.exc import KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
 from cutedsl_inductor.runtime import workers
-from cutedsl_inductor.runtime.zygote import READY, ZYGOTE_SOURCE, Zygote
 from tests.helpers import make_input, make_layout
 from tests.runtime.test_loader import BROKEN_SOURCE
 
@@ -147,40 +146,6 @@ def test_workers_that_cannot_start_leave_every_compile_to_this_process(
     assert first.failure is None and second.failure is None
     assert compiler.stats["compiled"] == 2  # here
     assert caplog.text.count("compile workers cannot start") == 1
-
-
-def test_the_zygote_forks_ready_workers_holds_one_thread_and_warns_of_nothing():
-    """The zygote command imports its module once (``python -m`` would import it twice,
-    as __main__ and through the package, and runpy would warn); a fork of a process with
-    more than one thread could copy a lock another thread holds (but for the CUDA
-    driver's service thread, on a machine with a driver: the forks never call it)."""
-    import pickle
-    import socket
-    import subprocess
-
-    zygote = Zygote("sm_90a")
-    try:
-        channels = [zygote.fork() for _ in range(2)]
-        said = [pickle.load(channel.makefile("rb")) for channel in channels]
-        assert [s[0] for s in said] == [READY] * 2
-        assert len({s[1] for s in said}) == 2 and all(abs(time.time() - s[2]) < 120 for s in said)
-        tasks = f"/proc/{zygote.process.pid}/task"
-        others = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)
-                  if int(t) != zygote.process.pid]
-        assert all(name.startswith("cuda") for name in others), others  # the driver's, if any
-    finally:
-        zygote.close()
-    assert zygote.process.wait(timeout=60) == 0  # end of file on its control socket
-    for channel in channels:
-        channel.close()
-
-    mine, theirs = socket.socketpair()
-    mine.close()  # end of file once it has imported what it preloads
-    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
-                          ZYGOTE_SOURCE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                         capture_output=True, timeout=120)
-    theirs.close()
-    assert run.returncode == 0 and b"Warning" not in run.stderr, run.stderr.decode()[-2000:]
 
 
 def wait_until_built(choices, seconds=180):

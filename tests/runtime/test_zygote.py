@@ -1,0 +1,53 @@
+"""The compile workers' zygote: a real interpreter importing the package and CuTe DSL, and
+real forks of it."""
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+
+from cutedsl_inductor.runtime.zygote import READY, ZYGOTE_SOURCE, Zygote
+
+
+def test_the_zygote_forks_ready_workers_and_holds_no_thread_but_the_drivers():
+    """A fork of a process with more than one thread could copy a lock another thread
+    holds; the CUDA driver's service thread, on a machine with a driver, is the one
+    allowed (the forks never call the driver)."""
+    zygote = Zygote("sm_90a")
+    try:
+        channels = [zygote.fork() for _ in range(2)]
+        said = [pickle.load(channel.makefile("rb")) for channel in channels]
+        assert [s[0] for s in said] == [READY] * 2
+        assert len({s[1] for s in said}) == 2 and all(abs(time.time() - s[2]) < 120 for s in said)
+        tasks = f"/proc/{zygote.process.pid}/task"
+        others = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)
+                  if int(t) != zygote.process.pid]
+        assert all(name.startswith("cuda") for name in others), others
+    finally:
+        zygote.close()
+    assert zygote.process.wait(timeout=60) == 0  # end of file on its control socket
+    for channel in channels:
+        channel.close()
+
+
+def test_the_zygote_command_imports_its_module_once_and_warns_of_nothing():
+    """``python -m`` would import it twice, as __main__ and through the package, and
+    runpy would warn."""
+    mine, theirs = socket.socketpair()
+    mine.close()  # end of file once it has imported what it preloads
+    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                          ZYGOTE_SOURCE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                         capture_output=True, timeout=120)
+    theirs.close()
+    assert run.returncode == 0 and b"Warning" not in run.stderr, run.stderr.decode()[-2000:]
+
+
+def test_a_zygote_killed_mid_import_forks_nothing_and_its_queued_worker_sees_the_end():
+    zygote = Zygote("sm_90a")
+    channel = zygote.fork()  # queued: the zygote is still importing
+    zygote.kill()
+    assert zygote.process.returncode is not None
+    assert channel.makefile("rb").read() == b""  # end of file, never a ready message
+    channel.close()
