@@ -53,11 +53,9 @@ worker to be ready and for one to be free, and the builds and their round trips.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import queue
 import re
-import signal
 import threading
 import time
 from typing import Any
@@ -121,16 +119,10 @@ class _Worker:
                ready_wait_s=time.perf_counter() - start)
 
     def close(self) -> None:
+        """The worker exits at end of file. Never a signal by pid: the zygote's forks are
+        reaped as they exit, so a dead worker's pid may be another process's by now."""
         self.stream.close()
-        self.channel.close()  # the worker exits at end of file
-
-    def kill(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.close()
+        self.channel.close()
 
 
 class _NotStarted(Exception):
@@ -375,6 +367,6 @@ def _acquire(arch: str) -> _Worker:
 
 def _retire(worker: _Worker) -> None:
     global _running
-    worker.kill()
+    worker.close()
     with _LOCK:
         _running -= 1
