@@ -24,7 +24,8 @@ Failure semantics: the zygote closes its copy of each worker's socket, so a fork
 dies is end of file to the parent, and so is every socket still queued when the zygote
 dies or could not start (the parent then turns the workers off). The zygote exits at end
 of file on its control socket (the parent closed it or died); a fork exits at end of
-file on its own.
+file on its own. Both run in a session of their own, so that a Ctrl-C at the terminal
+interrupts the parent alone, whose exit then ends them.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Zygote:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)  # a Ctrl-C at the terminal is the parent's to handle
         finally:
             theirs.close()
 

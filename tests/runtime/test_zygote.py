@@ -25,6 +25,8 @@ def test_the_zygote_forks_ready_workers_and_holds_no_thread_but_the_drivers():
         others = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)
                   if int(t) != zygote.process.pid]
         assert all(name.startswith("cuda") for name in others), others
+        # a Ctrl-C at the terminal reaches the parent's process group, not them
+        assert {os.getsid(s[1]) for s in said} == {os.getsid(zygote.process.pid)} != {os.getsid(0)}
     finally:
         zygote.close()
     assert zygote.process.wait(timeout=60) == 0  # end of file on its control socket
