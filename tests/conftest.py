@@ -38,6 +38,7 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
     monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
     monkeypatch.setattr(workers, "stats", dict.fromkeys(workers.stats, 0))
+    monkeypatch.setattr(workers, "_stopped_unused", False)  # no warm process carried over
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     return tmp_path / "kernels"
 

@@ -21,7 +21,8 @@ is built already starts none. Earlier still, a compile that starts with CUTEDSL 
 Inductor's GEMM backends starts the zygote (``start_zygote``, from dynamo's
 compile-start callback, ``inductor/install.py``): its imports take many seconds, which
 then overlap the compile's tracing; one that forked no worker by the compile's end (a
-warm compile that built nothing) is stopped then (``stop_unused_zygote``).
+warm compile that built nothing) is stopped then (``stop_unused_zygote``), and later compiles of this
+process start none ahead.
 
 A worker is a fork of a zygote process (``zygote.py``), which imports torch, Inductor,
 this package and CuTe DSL once for all the workers of an arch; both are kept for the
@@ -134,6 +135,7 @@ class _NotStarted(Exception):
 _IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _running = 0
 _zygote: Zygote | None = None
+_stopped_unused = False  # a zygote started ahead was stopped unused (``start_zygote``)
 _LOCK = threading.Lock()
 _cannot_start: str | None = None
 # kernel key -> set when its worker build ends, and how many prefetch threads serve the
@@ -277,11 +279,13 @@ def shutdown() -> None:
 
 
 def start_zygote() -> None:
-    """Start the zygote of the target arch now, unless it runs or no worker could be used
-    (none configured, no disk cache it could write, workers unable to start here). Never
-    raises: a zygote that cannot be spawned is left to the first build, which says why."""
+    """Start the zygote of the target arch now, unless it runs, one started so was stopped
+    unused already (a warm process: its later compiles start none ahead), or no worker
+    could be used (none configured, no disk cache it could write, workers unable to start
+    here). Never raises: a zygote that cannot be spawned is left to the first build,
+    which says why."""
     if (config.compile_workers < 1 or not config.disk_cache or _cannot_start is not None
-            or not default_cache().mode.writable):
+            or _stopped_unused or not default_cache().mode.writable):
         return
     arch = compiler.target_arch()  # after the checks: it may initialize CUDA to ask the GPU
     with _LOCK:
@@ -293,11 +297,12 @@ def start_zygote() -> None:
 
 def stop_unused_zygote() -> None:
     """Stop the zygote if it forked no worker (what it was started for built nothing)."""
-    global _zygote
+    global _zygote, _stopped_unused
     with _LOCK:
         if _zygote is not None and _running == 0:
             _zygote.kill()
             _zygote = None
+            _stopped_unused = True
 
 
 def _zygote_for(arch: str) -> Zygote:

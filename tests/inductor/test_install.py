@@ -24,8 +24,12 @@ def compile_with_workers(monkeypatch):
         return gm.forward
 
     def run(backends):
+        compiled = len(seen)
         with torch._inductor.config.patch(max_autotune_gemm_backends=backends):
-            torch.compile(lambda x: x.sin() + 1, backend=backend)(torch.ones(4))
+            # a size of its own each time: a compile, not a cached frame
+            torch.compile(lambda x: x.sin() + 1, backend=backend, dynamic=False)(
+                torch.ones(4 + compiled))
+        assert len(seen) == compiled + 1
         return seen[-1]
 
     yield run
@@ -37,6 +41,8 @@ def test_a_compile_listing_cutedsl_starts_the_zygote_and_stops_it_unused(compile
     assert during is not None and during.arch == "sm_90a"
     assert workers._zygote is None  # it forked no worker
     assert during.process.returncode is not None  # stopped, not left importing
+    # a warm process: its later compiles start none ahead
+    assert compile_with_workers("ATEN,TRITON,CUTEDSL") is None
 
 
 def test_a_compile_without_cutedsl_starts_no_zygote(compile_with_workers):
