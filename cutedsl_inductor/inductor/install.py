@@ -7,14 +7,14 @@ flex_attention's lowering (``flex``, off unless asked for), the clock settling b
 autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the
 SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
 starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
-at the compile's end if it forked no worker; ``torch._dynamo.reset()`` clears dynamo's
-callbacks, and the workers then start at the first choice that needs them). Each is a
-no-op for graphs and lists without our choices, so with CUTEDSL off Inductor's output
-code is what it would be without the package; every pass is keyed for the FX graph
-cache. One change reaches every graph, at run time, not in its code: a warm process
-reuses its Triton kernels' cached coordinate-descent configs instead of tuning them
-again (``coordesc``: where torch 2.11 or Triton's Config pickling loses them; knob
-``coordesc_recheck``).
+at the compile's end if it forked no worker, and not started ahead again once a compile
+was served from Inductor's caches; ``torch._dynamo.reset()`` clears dynamo's callbacks,
+and the workers then start at the first choice that needs them). Each is a no-op for
+graphs and lists without our choices, so with CUTEDSL off Inductor's output code is what
+it would be without the package; every pass is keyed for the FX graph cache. One change
+reaches every graph, at run time, not in its code: a warm process reuses its Triton
+kernels' cached coordinate-descent configs instead of tuning them again (``coordesc``:
+where torch 2.11 or Triton's Config pickling loses them; knob ``coordesc_recheck``).
 """
 
 from __future__ import annotations
@@ -60,10 +60,27 @@ def install_workers_ahead() -> None:
         handler.register_end_callback(_stop_unused_workers)
 
 
+# Inductor's counters of FX graph cache misses and of cache hits (FX graph, AOTAutograd),
+# and their values when the current compile started (dynamo runs one at a time): a compile
+# that hit and missed nothing was served from the caches, a warm one
+_CACHE_COUNTERS = (("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_hit"),
+                   ("aot_autograd", "autograd_cache_hit"))
+_counts_at_start = (0, 0, 0)
+
+
+def _cache_counts() -> tuple[int, ...]:
+    from torch._dynamo.utils import counters
+
+    return tuple(counters[group][name] for group, name in _CACHE_COUNTERS)
+
+
 def _start_workers_ahead(_: Any) -> None:
+    global _counts_at_start
+    _counts_at_start = _cache_counts()
     if cutedsl_gemm_listed():
         workers.start_zygote()
 
 
 def _stop_unused_workers(_: Any) -> None:
-    workers.stop_unused_zygote()
+    misses, *hits = (now - then for now, then in zip(_cache_counts(), _counts_at_start))
+    workers.stop_unused_zygote(warm=misses == 0 and sum(hits) > 0)

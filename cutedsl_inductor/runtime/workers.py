@@ -21,8 +21,8 @@ is built already starts none. Earlier still, a compile that starts with CUTEDSL 
 Inductor's GEMM backends starts the zygote (``start_zygote``, from dynamo's
 compile-start callback, ``inductor/install.py``): its imports take many seconds, which
 then overlap the compile's tracing; one that forked no worker by the compile's end (a
-warm compile that built nothing) is stopped then (``stop_unused_zygote``), and later compiles of this
-process start none ahead.
+warm compile that built nothing) is stopped then (``stop_unused_zygote``); after a warm compile (one
+that Inductor's caches served) later compiles of this process start none ahead.
 
 A worker is a fork of a zygote process (``zygote.py``), which imports torch, Inductor,
 this package and CuTe DSL once for all the workers of an arch; both are kept for the
@@ -280,7 +280,7 @@ def shutdown() -> None:
 
 def start_zygote() -> None:
     """Start the zygote of the target arch now, unless it runs, one started so was stopped
-    unused already (a warm process: its later compiles start none ahead), or no worker
+    unused after a warm compile (a warm process starts none ahead again), or no worker
     could be used (none configured, no disk cache it could write, workers unable to start
     here). Never raises: a zygote that cannot be spawned is left to the first build,
     which says why."""
@@ -295,14 +295,15 @@ def start_zygote() -> None:
             log.debug("starting the compile workers' zygote ahead: %s", err)
 
 
-def stop_unused_zygote() -> None:
-    """Stop the zygote if it forked no worker (what it was started for built nothing)."""
+def stop_unused_zygote(warm: bool) -> None:
+    """Stop the zygote if it forked no worker (what it was started for built nothing);
+    after a ``warm`` compile (one served from Inductor's caches) start none ahead again."""
     global _zygote, _stopped_unused
     with _LOCK:
         if _zygote is not None and _running == 0:
             _zygote.kill()
             _zygote = None
-            _stopped_unused = True
+            _stopped_unused = _stopped_unused or warm
 
 
 def _zygote_for(arch: str) -> Zygote:

@@ -1,5 +1,6 @@
 """What ``install()`` hooks into dynamo: the compile workers' zygote starts with a compile
-that lists CUTEDSL and is stopped at its end when it forked no worker."""
+that lists CUTEDSL and is stopped at its end when it forked no worker, and a warm
+process (a compile served from Inductor's caches) starts none ahead again."""
 
 import pytest
 import torch
@@ -41,8 +42,28 @@ def test_a_compile_listing_cutedsl_starts_the_zygote_and_stops_it_unused(compile
     assert during is not None and during.arch == "sm_90a"
     assert workers._zygote is None  # it forked no worker
     assert during.process.returncode is not None  # stopped, not left importing
-    # a warm process: its later compiles start none ahead
-    assert compile_with_workers("ATEN,TRITON,CUTEDSL") is None
+    # no cache served it (not even Inductor ran): the next compile starts one again
+    assert compile_with_workers("ATEN,TRITON,CUTEDSL") is not None
+
+
+def fn(x, w):
+    return torch.relu(x @ w) * 2
+
+
+def test_a_compile_served_from_inductors_cache_starts_none_ahead_again(
+        compile_with_workers, tmp_path, monkeypatch):
+    """A cold Inductor compile that built nothing stops the zygote; once a compile was
+    an FX graph cache hit (a warm process), later compiles start none ahead."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    args = torch.randn(8, 16), torch.randn(16, 4)
+    with torch._inductor.config.patch(max_autotune_gemm_backends="ATEN,CUTEDSL"):
+        torch.compile(fn)(*args)  # a miss
+        assert workers._zygote is None and not workers._stopped_unused
+        torch._dynamo.reset()  # the same graph again, from the cache
+        install_workers_ahead()
+        torch.compile(fn)(*args)
+    assert workers._zygote is None and workers._stopped_unused
+    assert compile_with_workers("ATEN,CUTEDSL") is None
 
 
 def test_a_compile_without_cutedsl_starts_no_zygote(compile_with_workers):
