@@ -32,10 +32,12 @@ def first_call(compiled, *args):
     return seconds, recorder.columns(seconds)
 
 
+# Inductor's own patch, not monkeypatch, whose undo deletes a config that was None: a
+# deleted Inductor config is hidden, and every later compile with the FX cache raises
+@torch._inductor.config.patch(fx_graph_remote_cache=True)
 def test_a_cold_compile_then_its_cache_hit(tmp_path, monkeypatch, redis_server):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("TORCHINDUCTOR_REDIS_PORT", str(redis_server.port))
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_remote_cache", True)
     args = torch.randn(32, 48), torch.randn(48, 40)
     torch._dynamo.reset()
     seconds, cold = first_call(torch.compile(fn), *args)
