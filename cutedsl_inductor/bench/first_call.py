@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autotune.benchmark_request import CuteDSLBenchmarkRequest
-from ..compile import compiler, decisions, remote_cache
+from ..compile import compiler, decisions, remote_backend, remote_cache
 from ..runtime import loader, workers
 
 # column -> the dynamo_timed keys it sums (seconds)
@@ -101,7 +101,7 @@ OURS = {
 }
 # columns made from the others (None where torch keeps no times)
 DERIVED = ("fc_compile_s", "fc_rest_s", "fc_dynamo_s", "fc_autotune_s", "fc_torch_top")
-OUR_REMOTE_CACHE = remote_cache.CuteDSLRemoteCache.__name__
+OUR_REMOTE_CACHE = remote_backend.CuteDSLRemoteCache.__name__
 log = logging.getLogger(__name__)
 
 # what the hooks count: "get <cache class>" / "put <cache class>" -> [calls, seconds],

@@ -33,25 +33,20 @@ import threading
 import time
 from typing import Any
 
-from torch._inductor.remote_cache import (
-    RemoteCache,
-    RemoteCacheBackend,
-    RemoteCachePassthroughSerde,
-)
-
 from .. import config
 from ..exc import PortableEntryError
 from .portable import MAX_ENTRY_BYTES, fleet_secret, pack, unpack
 
 log = logging.getLogger(__name__)
 
-CACHE_ID = "cutedsl-inductor"
-KEY_VERSION = 1
 # this process's remote operations (``cache info``, benchmarks and tests read them), with
 # their round trips to the server, the bytes each way and the seconds spent waiting on it
 stats: dict[str, float] = {"hits": 0, "misses": 0, "rejected": 0, "published": 0, "errors": 0,
                            "round_trips": 0, "bytes_read": 0, "bytes_written": 0,
                            "seconds": 0.0}
+
+CACHE_ID = "cutedsl-inductor"
+KEY_VERSION = 1
 
 
 class OversizedValue(Exception):
@@ -59,40 +54,6 @@ class OversizedValue(Exception):
 
     def __init__(self, size: int) -> None:
         super().__init__(f"{size} bytes, over the bound of {MAX_ENTRY_BYTES}")
-
-
-class RedisBackend(RemoteCacheBackend[bytes]):
-    """Bytes in Redis under a client with timeouts; a read takes at most ``limit`` bytes."""
-
-    def __init__(self, client: Any, limit: int) -> None:
-        super().__init__()
-        self.client = client
-        self.limit = limit
-
-    def _get(self, key: str) -> bytes | None:
-        # one round trip, no MULTI (which a full server refuses); a value replaced between
-        # the two reads fails verification
-        with self.client.pipeline(transaction=False) as pipe:
-            size, data = pipe.strlen(key).getrange(key, 0, self.limit - 1).execute()
-        if size == 0:
-            return None  # no such key
-        if size > self.limit:
-            raise OversizedValue(size)
-        return data
-
-    def _put(self, key: str, data: bytes) -> None:
-        self.client.set(key, data)
-
-
-class CuteDSLRemoteCache(RemoteCache[bytes]):
-    def __init__(self, backend: RedisBackend) -> None:
-        super().__init__(backend, RemoteCachePassthroughSerde())
-
-    def _get(self, key: str, sample: Any) -> bytes | None:
-        return super()._get(redis_key(key), sample)
-
-    def _put(self, key: str, value: bytes, sample: Any) -> None:
-        super()._put(redis_key(key), value, sample)
 
 
 def redis_key(key: str) -> str:
@@ -104,6 +65,10 @@ class RemoteTier:
         self.address = address
         self.client = client
         self.secret = secret
+        # Inductor's machinery, imported only where the tier is on (a compile worker's
+        # process imports no Inductor otherwise)
+        from .remote_backend import CuteDSLRemoteCache, RedisBackend
+
         self.cache = CuteDSLRemoteCache(RedisBackend(client, MAX_ENTRY_BYTES))
         self.off: str | None = None  # why the tier is off for this process
         self._warned: set[str] = set()

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._inductor.codecache import PyCodeCache, write_atomic
 
 from ..compile.compiler import (
     JitOnce,
@@ -62,12 +61,16 @@ stats: dict[str, float] = {"calls": 0, "seconds": 0.0}
 
 def write_source(source: str) -> tuple[str, str]:
     """(cache key, path) of ``source`` written as a ``.py`` file in Inductor's cache."""
+    from torch._inductor.codecache import PyCodeCache
+
     return PyCodeCache.write(source)
 
 
 def source_file(source: str) -> tuple[str, str]:
     """(cache key, path) of the ``.py`` file in Inductor's cache that holds ``source``
     (written again, with a warning, where it holds something else)."""
+    from torch._inductor.codecache import write_atomic
+
     key, path = write_source(source)
     try:
         on_disk = Path(path).read_bytes()
@@ -81,14 +84,15 @@ def source_file(source: str) -> tuple[str, str]:
     return key, path
 
 
-def import_source(source: str) -> tuple[types.ModuleType, str]:
+def import_source(source: str, path: str | None = None) -> tuple[types.ModuleType, str]:
     """(module, path): ``source`` executed as a module named after its file in
-    Inductor's cache (see the module docstring)."""
+    Inductor's cache (see the module docstring), or after ``path``, where the requesting
+    process wrote it (a compile worker's build, ``zygote.Build``)."""
     digest = hashlib.sha256(source.encode()).hexdigest()
     module = _MODULES.get(digest)
     if module is not None:
         return module, module.__file__
-    key, path = source_file(source)
+    key, path = source_file(source) if path is None else (Path(path).stem, path)
     linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
     module = types.ModuleType(f"cutedsl_inductor.generated.{key}")
     module.__file__ = path
@@ -110,27 +114,29 @@ def load_kernel(
     *,
     template: str | None = None,
     params: dict[str, Any] | None = None,
+    path: str | None = None,
 ) -> CuteDSLKernelWrapper:
+    """``path``: where the source is written already (``import_source``)."""
     start = time.perf_counter()
     try:
-        return _load(kernel_name, source, specs, template, params)
+        return _load(kernel_name, source, specs, template, params, path)
     finally:
         stats["calls"] += 1
         stats["seconds"] += time.perf_counter() - start
 
 
 def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
-          params: dict[str, Any] | None) -> CuteDSLKernelWrapper:
+          params: dict[str, Any] | None, path: str | None) -> CuteDSLKernelWrapper:
     key = kernel_key(kernel_name, source, specs)
     describe = {"kernel": kernel_name, "template": template, "params": params or {},
-                "path": source_file(source)[1],
+                "path": path or source_file(source)[1],
                 "signature": ", ".join(spec.describe() for spec in specs)}
     cached = cached_kernel(key, describe | {"arch": target_arch()})
     if cached is not None:
         kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, describe["path"])
         return TVMFFIKernelWrapper(cached[0], describe["path"], kernel_name=kernel_name,
                                    template=template, specs=specs, origin=cached[1])
-    module, path = import_source(source)
+    module, path = import_source(source, path)
     kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
     name = entry_name(kernel_name)
     entry = getattr(module, name, None)

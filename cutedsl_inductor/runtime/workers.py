@@ -24,8 +24,8 @@ then overlap the compile's tracing; one that forked no worker by the compile's e
 warm compile that built nothing) is stopped then (``stop_unused_zygote``); after a warm compile (one
 that Inductor's caches served) later compiles of this process start none ahead.
 
-A worker is a fork of a zygote process (``zygote.py``), which imports torch, Inductor,
-this package and CuTe DSL once for all the workers of an arch; both are kept for the
+A worker is a fork of a zygote process (``zygote.py``), which imports torch, this
+package's compile path and CuTe DSL (not Inductor) once for all the workers of an arch; both are kept for the
 life of this process. The zygote is a fresh interpreter, not a fork of this process: it
 never re-runs the user's script, and this process's CUDA and CuTe state stays out of it.
 It sees no GPU (a compile needs none, and a CUDA context per worker would cost GPU
@@ -64,10 +64,10 @@ from typing import Any
 from .. import config
 from ..compile import compiler
 from ..compile.compiler import entry_name
-from ..compile.disk_cache import default_cache
+from ..compile.disk_cache import default_cache, default_root
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
-from .loader import kernel_key
-from .zygote import READY, Failed, Zygote
+from .loader import kernel_key, source_file
+from .zygote import READY, Build, Failed, Zygote
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class _Worker:
         self.channel = zygote.fork()
         self.stream = self.channel.makefile("rwb")
 
-    def build(self, request: Any) -> "str | CuteDSLInductorError | Failed":
+    def build(self, request: Build) -> "str | CuteDSLInductorError | Failed":
         """The worker's reply (see ``zygote._build``); EOFError or BrokenPipeError
         if it died, _NotStarted if it died before it was ready (it could not start: its
         environment, not a kernel)."""
@@ -236,7 +236,7 @@ def _build_in_a_worker(request: Any) -> str | None:
         _give_up(f"{type(err).__name__}: {err}")
         return None
     try:
-        reply = worker.build(request)
+        reply = worker.build(_build_for(request))
     except _NotStarted as err:
         _retire(worker)
         _give_up(str(err))
@@ -254,6 +254,16 @@ def _build_in_a_worker(request: Any) -> str | None:
     if isinstance(reply, CuteDSLInductorError):
         raise reply
     return reply
+
+
+def _build_for(request: Any) -> Build:
+    """``request`` as a worker's ``Build``: its source written here, its cache folder
+    resolved under its knobs."""
+    with config.patch(**_changed(request.knobs)):
+        root = str(default_root())
+    return Build(request.kernel_name, request.source, request.specs, request.template,
+                 request.params, request.knobs | {"cache_dir": root},
+                 source_file(request.source)[1])
 
 
 def _give_up(reason: str) -> None:

@@ -1,11 +1,17 @@
 """The compile workers' processes: the zygote that forks them, its handle in the parent
 (``Zygote``), and what a fork runs; ``workers.py`` hands them builds.
 
-A worker needs torch, Inductor, this package and CuTe DSL imported: seconds of CPU, and
-many seconds each where several interpreters import them at once beside Inductor's own
-compile workers. So one zygote process per arch imports them, and each worker is a fork
-of it, started in milliseconds with the imported modules shared copy-on-write, as
-PyTorch's DataLoader forks its workers after ``import torch``. The zygote never
+A worker needs torch, this package's compile path and CuTe DSL imported: seconds of
+CPU, and many seconds each where several interpreters import them at once beside
+Inductor's own compile workers. So one zygote process per arch imports them, and each
+worker is a fork of it, started in milliseconds with the imported modules shared copy-on-write, as
+PyTorch's DataLoader forks its workers after ``import torch``. Inductor is not among
+them (on a slow host its imports are half of the zygote's start, which the first op's
+autotuning waits for): the zygote's environment has ``WORKER_ENV`` set, under which the
+package registers nothing in Inductor and imports only what compiling needs, and a build
+request is a ``Build`` (not Inductor's benchmark request), whose source the requesting
+process wrote already; the remote tier's Inductor machinery is imported where the tier
+is on (``preload``). The zygote never
 compiles and sees no GPU; it starts no thread pool (its environment sets
 ``OPENBLAS_NUM_THREADS=1``), so a fork copies no lock a thread of its making holds. On a
 machine with a CUDA driver, Inductor's imports initialize the driver (no device visible)
@@ -43,9 +49,15 @@ from typing import Any, NamedTuple
 from ..exc import CuteDSLInductorError
 
 READY = "ready"
-# what the zygote imports for every fork: the CuTe DSL modules that kernel bodies use
-PRELOAD = ("cutlass.cute", "cutlass.pipeline", "cutlass.utils.hopper_helpers",
-           "cutlass.cute.nvgpu.warpgroup")
+# set in the zygote's environment (read by the package's ``__init__``)
+WORKER_ENV = "_CUTEDSL_INDUCTOR_COMPILE_WORKER"
+# what the zygote imports for every fork: the loader and compiler, our cache artifacts'
+# type (a compile records its kernel as one), the CuTe DSL modules that kernel bodies use
+# and the GEMM's body
+PRELOAD = ("cutedsl_inductor.runtime.loader", "cutedsl_inductor.compile.artifacts",
+           "cutlass.cute", "cutlass.pipeline",
+           "cutlass.utils.hopper_helpers", "cutlass.cute.nvgpu.warpgroup",
+           "cutedsl_inductor.kernels.gemm.sm90_gemm", "cutedsl_inductor.kernels.gemm.views")
 # what the zygote process runs; its argument is its control socket's descriptor
 ZYGOTE_SOURCE = f"import sys; from {__name__} import zygote; zygote(int(sys.argv[1]))"
 
@@ -56,8 +68,12 @@ class Zygote:
     def __init__(self, arch: str) -> None:
         self.arch = arch
         self.control, theirs = socket.socketpair()
+        from .. import config
+
+        # the remote tier as this process has it (``preload``), however it was set
+        remote = {config.KNOBS["remote_cache"].env[0]: "1" if config.remote_cache else "0"}
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
-                   OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                   OPENBLAS_NUM_THREADS="1", **{WORKER_ENV: "1"}, **remote, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
@@ -89,6 +105,28 @@ class Zygote:
         self.control.close()
 
 
+class Build(NamedTuple):
+    """What a worker is asked to build: a kernel's ``load_kernel`` arguments, the knobs
+    that locate its binary (the cache folder resolved: the worker does not ask
+    Inductor), and the path where the requesting process wrote its source."""
+
+    kernel_name: str
+    source: str
+    specs: list[Any]
+    template: str | None
+    params: dict[str, Any]
+    knobs: dict[str, Any]
+    path: str
+
+    def load(self) -> Any:
+        from .. import config
+        from .loader import load_kernel
+
+        with config.patch(**self.knobs):
+            return load_kernel(self.kernel_name, self.source, self.specs,
+                               template=self.template, params=self.params, path=self.path)
+
+
 class Failed(NamedTuple):
     """A worker's failure that is not about the kernel (its text)."""
 
@@ -97,11 +135,8 @@ class Failed(NamedTuple):
 
 def zygote(control_fd: int) -> None:
     """The zygote's loop: fork a worker for each socket received, until end of file."""
-    import importlib
-
     os.dup2(2, 1)  # prints go to stderr
-    for name in PRELOAD:
-        importlib.import_module(name)
+    preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forks
     control = socket.socket(fileno=control_fd)
     while True:
@@ -116,6 +151,17 @@ def zygote(control_fd: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os._exit(_serve(socket.socket(fileno=fds[0])))  # not the zygote's exit handlers
         os.close(fds[0])
+
+
+def preload() -> None:
+    """The zygote's imports (``PRELOAD``; with the remote tier on, its Inductor machinery)."""
+    import importlib
+
+    from .. import config
+
+    for name in PRELOAD + (("cutedsl_inductor.compile.remote_backend",)
+                           if config.remote_cache else ()):
+        importlib.import_module(name)
 
 
 def _serve(channel: socket.socket) -> int:

@@ -6,9 +6,17 @@ import pickle
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
-from cutedsl_inductor.runtime.zygote import READY, ZYGOTE_SOURCE, Zygote
+import pytest
+import torch
+
+from cutedsl_inductor import config
+from cutedsl_inductor.kernels.gemm.template import gemm_choices
+from cutedsl_inductor.runtime import workers
+from cutedsl_inductor.runtime.zygote import READY, WORKER_ENV, ZYGOTE_SOURCE, Zygote
+from tests.helpers import make_input, make_layout
 
 
 def test_the_zygote_forks_ready_workers_and_holds_no_thread_but_the_drivers():
@@ -53,3 +61,38 @@ def test_a_zygote_killed_mid_import_forks_nothing_and_its_queued_worker_sees_the
     assert zygote.process.returncode is not None
     assert channel.makefile("rb").read() == b""  # end of file, never a ready message
     channel.close()
+
+
+# what a fork runs, in a fresh interpreter with the zygote's environment: its imports, a
+# build, then the Inductor modules it holds
+AS_A_FORK = textwrap.dedent("""
+    import pickle, sys
+    from cutedsl_inductor.runtime import zygote
+    zygote.preload()
+    origin = pickle.load(open(sys.argv[1], "rb")).load().origin
+    print(origin, sorted(m for m in sys.modules if m.split(".")[:2] in
+                         (["torch", "_inductor"], ["torch", "_dynamo"])))
+""")
+
+
+@pytest.mark.parametrize("cache_dir", ["set", "Inductor's"])
+def test_a_workers_imports_and_a_gemm_build_import_no_inductor(graph, tmp_path, monkeypatch,
+                                                                cache_dir):
+    """Inductor's imports are half of a worker's start (the first op's autotuning waits
+    for it); a worker's process compiles a real GEMM kernel into the disk cache the
+    requesting process reads (ours set, or under Inductor's cache folder), without them."""
+    if cache_dir != "set":
+        monkeypatch.setattr(config, "cache_dir", None)
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    a = make_input(graph, "a", (256, 512), torch.bfloat16)
+    b = make_input(graph, "b", (512, 384), torch.bfloat16)
+    choices = []
+    gemm_choices(choices, "mm", [a, b], make_layout((256, 384), torch.bfloat16))
+    request = pickle.dumps(workers._build_for(choices[0].bmreq))
+    (tmp_path / "build").write_bytes(request)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH="sm_90a", **{WORKER_ENV: "1"})
+    run = subprocess.run([sys.executable, "-c", AS_A_FORK, str(tmp_path / "build")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["compiled", "[]"]
+    assert choices[0].load().origin == "disk"  # what the build left, found here
