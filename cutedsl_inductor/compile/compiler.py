@@ -163,7 +163,8 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
         if compiled is not None:
             return compiled, "memory"
         with default_cache().entry(key) as entry:
-            function, origin = _from_disk(entry, key), "disk"
+            loaded, origin = _from_disk(entry, key), "disk"
+            function = loaded and loaded.function
             if function is None:
                 stats["disk_misses"] += 1
                 function, origin = _from_remote(entry, key, describe), "remote"
@@ -173,8 +174,24 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
         return function, origin
 
 
+def publish_stored(key: str) -> None:
+    """Publish ``key``'s kernel, which a compile worker stored in the disk cache, to the
+    remote tier (workers never talk to it), loading it here, where the choice's load
+    then finds it."""
+    tier = default_tier()
+    if tier is None:
+        return
+    with _COMPILE_LOCK, default_cache().entry(key) as entry:
+        loaded = _from_disk(entry, key)
+        if loaded is None:
+            return
+        _COMPILED.setdefault(key, loaded.function)
+    tier.publish("kernel", key, loaded.data, loaded.fields)
+
+
 def _from_disk(entry: Any, key: str) -> Any:
-    """The function that ``entry`` holds (recorded for the cache artifacts), or None."""
+    """What ``entry`` holds (``disk_cache.Loaded``; recorded for the cache artifacts), or
+    None."""
     start = time.perf_counter()
     loaded = entry.load()
     if loaded is None:
@@ -182,7 +199,7 @@ def _from_disk(entry: Any, key: str) -> Any:
     stats["disk_hits"] += 1
     stats["disk_load_s"] += time.perf_counter() - start
     record_artifact("kernel", key, loaded.data, loaded.fields)
-    return loaded.function
+    return loaded
 
 
 def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
@@ -216,9 +233,9 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
     torch.compile's cache artifacts."""
     fields = manifest_fields(describe | {"arch": arch})
     with default_cache().entry(key) as entry:
-        function = _from_disk(entry, key)
-        if function is not None:
-            return function, "disk"
+        loaded = _from_disk(entry, key)
+        if loaded is not None:
+            return loaded.function, "disk"
         compiled = _compile(entry_fn, specs, arch, describe)
         data = export_object(compiled, key)
         if data is not None:

@@ -125,12 +125,18 @@ def load_kernel(
         stats["seconds"] += time.perf_counter() - start
 
 
+def describe_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
+                    params: dict[str, Any] | None, path: str | None = None) -> dict[str, Any]:
+    """What errors and cache manifests say of a kernel (``compiler.compile_entry``)."""
+    return {"kernel": kernel_name, "template": template, "params": params or {},
+            "path": path or source_file(source)[1],
+            "signature": ", ".join(spec.describe() for spec in specs)}
+
+
 def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
           params: dict[str, Any] | None, path: str | None) -> CuteDSLKernelWrapper:
     key = kernel_key(kernel_name, source, specs)
-    describe = {"kernel": kernel_name, "template": template, "params": params or {},
-                "path": path or source_file(source)[1],
-                "signature": ", ".join(spec.describe() for spec in specs)}
+    describe = describe_kernel(kernel_name, source, specs, template, params, path)
     cached = cached_kernel(key, describe | {"arch": target_arch()})
     if cached is not None:
         kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, describe["path"])

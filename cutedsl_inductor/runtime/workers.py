@@ -25,12 +25,14 @@ warm compile that built nothing) is stopped then (``stop_unused_zygote``); after
 that Inductor's caches served) later compiles of this process start none ahead.
 
 A worker is a fork of a zygote process (``zygote.py``), which imports torch, this
-package's compile path and CuTe DSL (not Inductor) once for all the workers of an arch; both are kept for the
-life of this process. The zygote is a fresh interpreter, not a fork of this process: it
-never re-runs the user's script, and this process's CUDA and CuTe state stays out of it.
-It sees no GPU (a compile needs none, and a CUDA context per worker would cost GPU
-memory) and compiles for the arch resolved here (``CUTE_DSL_ARCH``, read when CuTe is
-first imported; a request for another arch replaces the zygote and workers).
+package's compile path and CuTe DSL (not Inductor) once for all the workers of an arch;
+both are kept for the life of this process. The zygote is a fresh interpreter, not a fork
+of this process: it never re-runs the user's script, and this process's CUDA and CuTe
+state stays out of it. It sees no GPU (a compile needs none, and a CUDA context per
+worker would cost GPU memory) and compiles for the arch resolved here (``CUTE_DSL_ARCH``,
+read when CuTe is first imported; a request for another arch replaces the zygote and
+workers). The remote tier is this process's to use: a kernel it has is fetched here, and
+what a worker compiled is published from here.
 
 Failure semantics:
 - a worker that cannot start (it, or the zygote, dies before it says it is ready: the
@@ -66,7 +68,7 @@ from ..compile import compiler
 from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache, default_root
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
-from .loader import kernel_key, source_file
+from .loader import describe_kernel, kernel_key, source_file
 from .zygote import READY, Build, Failed, Zygote
 
 log = logging.getLogger(__name__)
@@ -165,11 +167,29 @@ def build_in_worker(request: Any, background: bool = False) -> str | None:
         under_way.wait()
         return None
     try:
-        return _build_in_a_worker(request)
+        return _build_with_the_tier(request, key)
     finally:
         with _LOCK:
             del _BUILDING[key]
         mine.set()
+
+
+def _build_with_the_tier(request: Any, key: str) -> str | None:
+    """Where the remote tier is on, a kernel it has is fetched here, and what a worker
+    compiled is published from here: a worker never talks to it (``zygote.py``). The
+    request's knobs are patched in only around what reads them (``_key_to_build``)."""
+    with config.patch(**_changed(request.knobs)):
+        build, remote = _build_for(request), config.remote_cache
+        describe = describe_kernel(build.kernel_name, build.source, build.specs,
+                                   build.template, build.params, build.path)
+        cached = remote and compiler.cached_kernel(key, describe | {"arch": build.knobs["arch"]})
+    if cached:
+        return cached[1]
+    origin = _build_in_a_worker(request, build)
+    if remote and origin == "compiled":
+        with config.patch(**_changed(request.knobs)):
+            compiler.publish_stored(key)
+    return origin
 
 
 def prefetch(request: Any) -> None:
@@ -229,14 +249,14 @@ def _prefetching() -> None:
             log.debug("prefetching %s failed: %s", request.kernel_name, err)
 
 
-def _build_in_a_worker(request: Any) -> str | None:
+def _build_in_a_worker(request: Any, build: Build) -> str | None:
     try:
         worker = _acquire(request.knobs["arch"])
     except OSError as err:  # not even spawned
         _give_up(f"{type(err).__name__}: {err}")
         return None
     try:
-        reply = worker.build(_build_for(request))
+        reply = worker.build(build)
     except _NotStarted as err:
         _retire(worker)
         _give_up(str(err))
@@ -257,12 +277,11 @@ def _build_in_a_worker(request: Any) -> str | None:
 
 
 def _build_for(request: Any) -> Build:
-    """``request`` as a worker's ``Build``: its source written here, its cache folder
-    resolved under its knobs."""
-    with config.patch(**_changed(request.knobs)):
-        root = str(default_root())
+    """``request`` as a worker's ``Build`` (called under its knobs): its source written
+    here, its cache folder resolved, the remote tier off."""
     return Build(request.kernel_name, request.source, request.specs, request.template,
-                 request.params, request.knobs | {"cache_dir": root},
+                 request.params,
+                 request.knobs | {"cache_dir": str(default_root()), "remote_cache": False},
                  source_file(request.source)[1])
 
 

@@ -4,19 +4,21 @@
 A worker needs torch, this package's compile path and CuTe DSL imported: seconds of
 CPU, and many seconds each where several interpreters import them at once beside
 Inductor's own compile workers. So one zygote process per arch imports them, and each
-worker is a fork of it, started in milliseconds with the imported modules shared copy-on-write, as
-PyTorch's DataLoader forks its workers after ``import torch``. Inductor is not among
-them (on a slow host its imports are half of the zygote's start, which the first op's
-autotuning waits for): the zygote's environment has ``WORKER_ENV`` set, under which the
-package registers nothing in Inductor and imports only what compiling needs, and a build
-request is a ``Build`` (not Inductor's benchmark request), whose source the requesting
-process wrote already; the remote tier's Inductor machinery is imported where the tier
-is on (``preload``). The zygote never
-compiles and sees no GPU; it starts no thread pool (its environment sets
-``OPENBLAS_NUM_THREADS=1``), so a fork copies no lock a thread of its making holds. On a
-machine with a CUDA driver, Inductor's imports initialize the driver (no device visible)
-and it keeps a service thread: the forks never call the driver, as DataLoader workers
-forked from a process with CUDA up never do.
+worker is a fork of it, started in milliseconds with the imported modules shared
+copy-on-write, as PyTorch's DataLoader forks its workers after ``import torch``.
+
+Inductor is not among those imports: on a slow host they are half of the zygote's start,
+which the first op's autotuning waits for. The zygote's environment sets ``WORKER_ENV``,
+under which the package registers nothing in Inductor and imports only what compiling
+needs; a build request is a ``Build`` (not Inductor's benchmark request) whose source the
+requesting process wrote already; and a worker never talks to the remote tier (Inductor's
+machinery): the requesting process fetches and publishes (``workers.py``).
+
+The zygote never compiles and sees no GPU; it starts no thread pool (its environment
+sets ``OPENBLAS_NUM_THREADS=1``), so a fork copies no lock a thread of its making holds.
+On a machine with a CUDA driver, its imports may initialize the driver (no device
+visible), which keeps a service thread: the forks never call the driver, as DataLoader
+workers forked from a process with CUDA up never do.
 
 The zygote is ``python -c ZYGOTE_SOURCE`` (not ``-m``, which would import this module
 twice: as ``__main__`` and through the package). Protocol: its control socket (its end
@@ -68,12 +70,8 @@ class Zygote:
     def __init__(self, arch: str) -> None:
         self.arch = arch
         self.control, theirs = socket.socketpair()
-        from .. import config
-
-        # the remote tier as this process has it (``preload``), however it was set
-        remote = {config.KNOBS["remote_cache"].env[0]: "1" if config.remote_cache else "0"}
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=arch,
-                   OPENBLAS_NUM_THREADS="1", **{WORKER_ENV: "1"}, **remote, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                   OPENBLAS_NUM_THREADS="1", **{WORKER_ENV: "1"}, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
@@ -108,7 +106,8 @@ class Zygote:
 class Build(NamedTuple):
     """What a worker is asked to build: a kernel's ``load_kernel`` arguments, the knobs
     that locate its binary (the cache folder resolved: the worker does not ask
-    Inductor), and the path where the requesting process wrote its source."""
+    Inductor; the remote tier off), and the path where the requesting process wrote its
+    source."""
 
     kernel_name: str
     source: str
@@ -154,13 +153,10 @@ def zygote(control_fd: int) -> None:
 
 
 def preload() -> None:
-    """The zygote's imports (``PRELOAD``; with the remote tier on, its Inductor machinery)."""
+    """The zygote's imports."""
     import importlib
 
-    from .. import config
-
-    for name in PRELOAD + (("cutedsl_inductor.compile.remote_backend",)
-                           if config.remote_cache else ()):
+    for name in PRELOAD:
         importlib.import_module(name)
 
 
