@@ -96,6 +96,9 @@ class TensorRecord(_Tensor):
     converted yet (the module docstring). Its own state is in ``_record_*`` attributes;
     CuTe's is set when it converts."""
 
+    # CuTe tells its runtime objects by their class's module (``_is_cute_pointer_like``)
+    __module__ = _Tensor.__module__
+
     def __init__(self, tensor: torch.Tensor, assumed_align: int | None,
                  use_32bit_stride: bool) -> None:
         vars(self).update(_record_tensor=tensor, _record_options=(assumed_align, use_32bit_stride),

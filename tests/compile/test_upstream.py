@@ -70,6 +70,7 @@ def test_a_record_stands_for_from_dlpack_until_used():
     t = torch.randn(64, 128)
     record = record_dlpack(t, assumed_align=16)
     assert type(record) is TensorRecord and isinstance(record, cute.Tensor)
+    assert type(record).__module__ == type(from_dlpack(t)).__module__
     assert not record._record_converted
     assert record.mark_layout_dynamic() is record and not record._record_converted
     real = from_dlpack(t, assumed_align=16).mark_layout_dynamic()
