@@ -16,13 +16,14 @@ every call. The loader (``runtime/loader.py``) rebinds, in the modules it runs, 
 * ``JitOnce`` called with unconverted records, ``CUstream``s and Python scalars launches
   a TVM-FFI function with the torch tensors themselves. Its key is each record's torch
   metadata (dtype, shape, strides, device, options, marks; with an ``assumed_align``,
-  whether the pointer has it) and the other arguments' (a scalar's type and value). A new
-  key converts the records once, with TVM-FFI, and compiles with ``--enable-tvm-ffi``
-  from them where their CuTe key (each tensor's ``__cache_key__`` and device type: what
-  the JitExecutor path keys on) has no function yet: the binary the JitExecutor path
-  compiles, the torch key finer than CuTe's, and TVM-FFI checks dtype, static sizes and
-  strides, alignment and device at each call. The stream stays an argument (TVM-FFI
-  takes the ``CUstream`` itself), so a launch uses the stream the entry gave.
+  whether the pointer has it) and each other argument's type (a scalar's value too):
+  finer than CuTe's key, which it determines. A new key converts the records once, with
+  TVM-FFI, and looks up their CuTe key (each tensor's ``__cache_key__`` and device type,
+  what the JitExecutor path keys on), compiling with ``--enable-tvm-ffi`` from the
+  converted tensors where it has no function yet: a dynamic mark compiles once for all
+  the shapes it covers. TVM-FFI checks dtype, static sizes and strides, alignment and
+  device at each call. The stream stays an argument (TVM-FFI takes the ``CUstream``
+  itself), so a launch uses the stream the entry gave.
 * Any other call (a converted record, a CuTe tensor, another argument type) takes the
   JitExecutor path, as before: compiled once per CuTe ``__cache_key__`` of each argument
   (a stream is a runtime value; other Python values are part of the key).
@@ -81,9 +82,9 @@ def record_dlpack(tensor: Any, assumed_align: Any = None, use_32bit_stride: Any 
 
 
 def _recordable(tensor: Any, assumed_align: Any, use_32bit_stride: Any) -> bool:
-    """Whether ``from_dlpack`` takes ``tensor`` as a record stands for it: what DLPack
-    refuses to export (gradients, conjugate and negative views, sparse, quantized) stays
-    with the real one, which raises at once."""
+    """Whether a record can stand for ``from_dlpack(tensor, ...)``: what DLPack refuses
+    to export (gradients, conjugate and negative views, sparse, quantized) goes to the
+    real one, which raises at once, as before."""
     return (type(tensor) is torch.Tensor and (tensor.is_cuda or tensor.is_cpu)
             and tensor.layout is torch.strided and not tensor.requires_grad
             and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg()
