@@ -6,7 +6,9 @@ times on a GPU.
 Prints, measured in one run:
   * host µs per call, steady state, 2048x2048 float32 add: ``CuteDSLKernelWrapper.run``,
     a compiled graph running our CuteDSL kernel, the same graph through plain Inductor
-    (Triton), eager torch, and (where importable) upstream's in-tree CuteDSL template;
+    (Triton), through our loader of the upstream-style template (``from_dlpack`` records
+    launched through TVM-FFI: ``compile/upstream.py``), eager torch, and (where
+    importable) upstream's in-tree CuteDSL template;
   * cold time to first result of the three-choice autotuned example (fresh caches, new
     process), then the warm time (caches filled by that process, new process) with its
     number of CuTe compilations, whether it imported CuTe DSL (a warm one need not:
@@ -101,6 +103,15 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
     triton_fn = torch.compile(add)
     triton_fn(x, y)
     rows.append(("compiled graph, Inductor Triton", *per_call_us(lambda: triton_fn(x, y))))
+    upstream_style = CuteDSLTemplate("bench_upstream_style_add", UPSTREAM_ADD_SOURCE)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), lowering_patch(
+        upstream_style, THREADS_PER_BLOCK=256
+    ):
+        styled = torch.compile(add)
+        styled(x, y)
+    rows.append(("upstream-style template in a compiled graph (ours)",
+                 *per_call_us(lambda: styled(x, y))))
     rows.append(("eager torch add", *per_call_us(lambda: add(x, y))))
     rows += upstream_rows(x, y)
     return rows
@@ -198,13 +209,15 @@ def main(args: argparse.Namespace) -> int:
         return 2
     rows = steady_state_rows()
     startup = {} if args.steady_only else startup_rows()
-    print(f"\n{'2048x2048 float32 add, steady state':44s} {'host us/call':>12s} "
+    print(f"\n{'2048x2048 float32 add, steady state':52s} {'host us/call':>12s} "
           f"{'sync us/call':>12s}")
     for name, host, wall in rows:
-        print(f"{name:44s} {host:12.1f} {wall:12.1f}")
+        print(f"{name:52s} {host:12.1f} {wall:12.1f}")
     triton = next(r for r in rows if "Triton" in r[0])
     ours = next(r for r in rows if "CuteDSL kernel" in r[0])
-    print(f"{'ratio in-graph CuteDSL / Triton (host)':44s} {ours[1] / triton[1]:12.2f}")
+    styled = next(r for r in rows if "upstream-style" in r[0])
+    print(f"{'ratio in-graph CuteDSL / Triton (host)':52s} {ours[1] / triton[1]:12.2f}")
+    print(f"{'ratio in-graph upstream-style / Triton (host)':52s} {styled[1] / triton[1]:12.2f}")
     if args.out:
         (args.out / "launch_overhead.json").write_text(
             json.dumps({"rows": rows, "startup": startup}, indent=1))

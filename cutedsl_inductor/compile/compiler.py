@@ -14,10 +14,9 @@ neither the entry nor CuTe DSL (memory, the disk cache, then the remote tier, wh
 objects are stored on disk with the library linked from them): a warm process, locally
 or remotely, gets its kernels from it without running their source. ``compile_entry``
 compiles a ``@cute.jit`` entry that none of them has with TVM-FFI (the stream comes from
-the caller's current torch stream); the result takes torch tensors directly. ``JitOnce`` gives upstream-style
-modules, whose plain Python entry calls a ``@cute.jit`` function itself, the same
-compile-once behaviour per distinct argument signature (CuTe's own ``__cache_key__`` of
-each argument).
+the caller's current torch stream); the result takes torch tensors directly. Upstream-style
+modules, whose plain Python entry calls a ``@cute.jit`` function itself, compile once per
+argument signature in process (``upstream.py``).
 
 Failure semantics: a CuTe compile error becomes ``KernelCompileError`` naming the
 template, parameters and generated file; nothing is cached for it. An arch CuTe DSL
@@ -50,9 +49,9 @@ from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)
 
-# key -> compiled callable; guarded by _COMPILE_LOCK (CuTe's compiler is not re-entrant)
+# key -> compiled callable; guarded by COMPILE_LOCK (CuTe's compiler is not re-entrant)
 _COMPILED: dict[str, Any] = {}
-_COMPILE_LOCK = threading.RLock()
+COMPILE_LOCK = threading.RLock()
 # where this process's kernels came from, and the seconds each origin took (benchmarks and
 # tests read it; ``bench/first_call.py``): the remote tier's fetch (one round trip) and
 # adopt (stored on disk, the library linked, loaded) apart
@@ -136,7 +135,7 @@ def compile_entry(
     if compiled is not None:
         stats["memory_hits"] += 1
         return compiled, "memory"
-    with _COMPILE_LOCK:
+    with COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
             return compiled, "memory"
@@ -158,7 +157,7 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
         return compiled, "memory"
     if not config.disk_cache:
         return None
-    with _COMPILE_LOCK:
+    with COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
             return compiled, "memory"
@@ -285,50 +284,3 @@ def _compile(
     stats["compile_s"] += seconds
     log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.get("kernel"), arch, seconds)
     return compiled
-
-
-class JitOnce:
-    """Stands in for a module-level ``@cute.jit`` function of an upstream-style module:
-    the first call with a new argument signature compiles, later calls launch the
-    compiled function. The signature is each argument's CuTe ``__cache_key__``
-    (dtype, shape, strides, alignment for tensors); streams and pointers are runtime
-    values; other Python values are part of the signature."""
-
-    def __init__(self, fn: Callable[..., Any], arch: str, describe: dict[str, Any]):
-        self.fn = fn
-        self.arch = arch
-        self.describe = describe
-        self.compiled: dict[tuple[Any, ...], Any] = {}
-
-    @staticmethod
-    def _arg_key(arg: Any) -> Any:
-        cache_key = getattr(arg, "__cache_key__", None)
-        if cache_key is not None:
-            return cache_key
-        if type(arg).__name__ == "CUstream":
-            return "stream"
-        return (type(arg), arg)
-
-    def __call__(self, *args: Any) -> Any:
-        key = tuple(self._arg_key(arg) for arg in args)
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            compiled = self._compile(args, key)
-        return compiled(*args)
-
-    def _compile(self, args: tuple[Any, ...], key: tuple[Any, ...]) -> Any:
-        import cutlass.cute as cute
-
-        with _COMPILE_LOCK:
-            if key in self.compiled:
-                return self.compiled[key]
-            options = compile_options(self.arch, False)
-            start = time.perf_counter()
-            try:
-                compiled = cute.compile(self.fn, *args, options=options)
-            except Exception as err:
-                raise compile_error(self.describe, self.arch, err) from err
-            stats["compiled"] += 1
-            stats["compile_s"] += time.perf_counter() - start
-            self.compiled[key] = compiled
-            return compiled

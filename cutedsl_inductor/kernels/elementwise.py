@@ -5,7 +5,7 @@ once with TVM-FFI and launches straight from torch tensors. Each thread adds
 ``VECTOR`` consecutive elements of the flattened, contiguous tensors; ``THREADS`` is
 the block size. ``UPSTREAM_ADD_SOURCE`` is the same kernel in upstream PyTorch's style
 (plain Python entry, ``from_dlpack`` and an explicit stream), kept to prove that such
-templates run unchanged.
+templates run unchanged (and launch through TVM-FFI: ``compile/upstream.py``).
 
 ``add_choices`` appends one choice per (THREADS, VECTOR) pair; ``register_add_op``
 defines the custom op ``cutedsl::add`` whose lowering autotunes those choices against

@@ -16,7 +16,8 @@ not run at all: only ``@cute.jit`` entries' binaries are cached, so it loads as 
 a warm process neither runs the rendered sources nor imports what they import (CuTe DSL,
 the GEMM's modules). Otherwise the module runs: a ``@cute.jit`` entry is compiled once
 per specialization (the remote tier, then the compiler); a plain Python entry gets its
-module's ``@cute.jit`` functions wrapped in ``JitOnce``. Invariant: loading the same
+module's ``from_dlpack`` and ``@cute.jit`` functions rebound (``compile/upstream.py``:
+records of the torch tensors, launched through TVM-FFI). Invariant: loading the same
 (source, specs) twice in a process returns wrappers around the same compiled function. Failure semantics: a missing entry
 point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
 """
@@ -35,7 +36,6 @@ from typing import Any
 import torch
 
 from ..compile.compiler import (
-    JitOnce,
     cached_kernel,
     compile_entry,
     compile_key,
@@ -162,9 +162,10 @@ def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | N
             compiled, path, kernel_name=kernel_name, template=template, specs=specs,
             origin=origin,
         )
-    for attr, value in list(vars(module).items()):
-        if is_cute_jit(value):
-            setattr(module, attr, JitOnce(value, arch, describe))
+    # imports CuTe DSL, which the module that just ran imported
+    from ..compile import upstream
+
+    upstream.adopt(module, arch, describe)
     return CuteDSLKernelWrapper(
         entry, path, kernel_name=kernel_name, template=template, specs=specs
     )

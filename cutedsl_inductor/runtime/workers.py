@@ -1,5 +1,5 @@
 """Compile in worker processes. CuTe DSL's compiler is not re-entrant, so a process
-compiles one kernel at a time (``compiler._COMPILE_LOCK``), and the choices Inductor
+compiles one kernel at a time (``compiler.COMPILE_LOCK``), and the choices Inductor
 precompiles from its thread pool would compile one after another. With
 ``config.compile_workers`` > 0, ``build_in_worker(request)`` hands a choice's picklable
 request (``autotune/benchmark_request.py``) to one of that many worker processes, which

@@ -79,6 +79,15 @@ def test_mismatch_reports_the_first_problem():
     assert "expected an int" in mismatch([ScalarSpec()], (cpu,))
 
 
+def test_a_static_spec_is_checked_against_its_layout_in_one_comparison():
+    spec = TensorSpec("float32", (4, 4), (4, 1), 4)
+    assert spec.static_layout == (torch.float32, (4, 4), (4, 1))
+    assert spec == TensorSpec("float32", (4, 4), (4, 1), 4) and "static_layout" not in repr(spec)
+    assert TensorSpec("float32", (Sym("s0"), 4), (4, 1), 4).static_layout is None
+    # a CPU tensor of that layout misses the comparison and gets the full check's reason
+    assert "expected a CUDA tensor" in mismatch([spec], (torch.zeros(4, 4),))
+
+
 def test_inductor_dynamic_sizes_become_shared_runtime_symbols(graph):
     import sympy
 

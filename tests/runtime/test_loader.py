@@ -7,7 +7,7 @@ import pytest
 import tvm_ffi
 
 from cutedsl_inductor import CuteDSLKernelWrapper, CuteDSLTemplate
-from cutedsl_inductor.compile.compiler import JitOnce
+from cutedsl_inductor.compile.upstream import JitOnce
 from cutedsl_inductor.exc import GeneratedCodeError, KernelCompileError
 from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE, add_template
 from cutedsl_inductor.runtime.loader import load_kernel
