@@ -180,7 +180,7 @@ def publish_stored(key: str) -> None:
     tier = default_tier()
     if tier is None:
         return
-    with _COMPILE_LOCK, default_cache().entry(key) as entry:
+    with COMPILE_LOCK, default_cache().entry(key) as entry:
         loaded = _from_disk(entry, key)
         if loaded is None:
             return
