@@ -217,6 +217,11 @@ compile_prefetch: bool = _knob(
     "compile_prefetch", "CUTEDSL_INDUCTOR_COMPILE_PREFETCH", False, Boolean(),
     "our choices start building in the compile workers when they are made, not when "
     "their op is autotuned (`runtime/workers.py`; off until timed on the H200)")
+upstream_fast_path: bool = _knob(
+    "upstream_fast_path", "CUTEDSL_INDUCTOR_UPSTREAM_FAST_PATH", False, Boolean(),
+    "upstream-style templates' `from_dlpack` + `@cute.jit` calls launch through TVM-FFI "
+    "(`compile/upstream.py`; read when a module first loads; off until all its GPU tests "
+    "pass)")
 autotune_settle_ms: int = _knob(
     "autotune_settle_ms", "CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, Integer(0, 60000),
     "ms our first choice runs untimed before an autotuning's first timing (0: off)")

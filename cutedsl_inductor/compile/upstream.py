@@ -3,8 +3,9 @@
 An upstream-style module's plain Python entry converts each torch tensor with
 ``from_dlpack`` and calls a module-level ``@cute.jit`` function with the results and
 ``cuda.CUstream(stream)``; CuTe's JitExecutor then converts every argument again, on
-every call. The loader (``runtime/loader.py``) rebinds, in the modules it runs, CuTe's
-``from_dlpack`` to ``record_dlpack`` and each ``@cute.jit`` function to a ``JitOnce``:
+every call. The loader (``runtime/loader.py``) rebinds, in the modules it runs, each
+``@cute.jit`` function to a ``JitOnce`` and, with ``config.upstream_fast_path`` (off by
+default until all of its GPU tests pass), CuTe's ``from_dlpack`` to ``record_dlpack``:
 
 * ``record_dlpack`` of a plain torch tensor (CUDA or CPU, strided, exportable by DLPack)
   with the options ``assumed_align`` and ``use_32bit_stride`` returns a ``TensorRecord``:
@@ -49,6 +50,7 @@ import torch
 from cutlass.base_dsl.runtime.jit_arg_adapters import is_arg_annotation_constexpr
 from cutlass.cute.runtime import _Tensor, from_dlpack
 
+from .. import config
 from . import compiler
 from .compiler import COMPILE_LOCK, compile_error, compile_options, is_cute_jit, plain_ffi_function
 
@@ -63,10 +65,12 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 
 def adopt(module: Any, arch: str, describe: dict[str, Any]) -> None:
-    """Rebind ``module``'s names for CuTe's ``from_dlpack`` to ``record_dlpack`` and its
-    ``@cute.jit`` functions to ``JitOnce`` (idempotent)."""
+    """Rebind ``module``'s ``@cute.jit`` functions to ``JitOnce`` and, with
+    ``config.upstream_fast_path``, its names for CuTe's ``from_dlpack`` to
+    ``record_dlpack`` (idempotent); without records every call takes the JitExecutor
+    path."""
     for attr, value in list(vars(module).items()):
-        if value is from_dlpack:
+        if value is from_dlpack and config.upstream_fast_path:
             setattr(module, attr, record_dlpack)
         elif is_cute_jit(value):
             setattr(module, attr, JitOnce(value, arch, describe))

@@ -13,7 +13,7 @@ import tvm_ffi
 
 import cutlass
 import cutlass.cute as cute
-from cutedsl_inductor import CuteDSLTemplate
+from cutedsl_inductor import CuteDSLTemplate, config
 from cutedsl_inductor.compile import compiler, upstream
 from cutedsl_inductor.compile.upstream import JitOnce, TensorRecord, record_dlpack
 from cutedsl_inductor.exc import KernelCompileError
@@ -51,6 +51,7 @@ BROKEN_SOURCE = UPSTREAM_ADD_SOURCE.replace("m, n = mA.shape", "m, n = mA.no_suc
 @pytest.fixture(autouse=True)
 def fresh_stats(monkeypatch):
     monkeypatch.setattr(upstream, "stats", dict.fromkeys(upstream.stats, 0))
+    monkeypatch.setattr(config, "upstream_fast_path", True)
 
 
 def load(graph, source, shape=(64, 128), name="upstream_fast", **params):
@@ -228,3 +229,9 @@ def test_a_compile_error_is_raised_by_the_jit_path_once_the_fast_path_fell_back(
     assert ".py" in message and "no_such_attribute" in message
     assert caplog.text.count("does not compile with TVM-FFI") == 1
     assert upstream.stats["fallbacks"] == 1 and list(jit.fast.values()) == [None]
+
+
+def test_without_the_knob_the_module_keeps_from_dlpack_and_no_call_is_recorded(graph, monkeypatch):
+    monkeypatch.setattr(config, "upstream_fast_path", False)
+    entry, jit = load(graph, UPSTREAM_ADD_SOURCE, name="upstream_knob_off")
+    assert entry.__globals__["from_dlpack"] is from_dlpack and isinstance(jit, JitOnce)

@@ -16,7 +16,10 @@ SHAPE = (4096, 512)
 def fresh(monkeypatch):
     from cutedsl_inductor.compile import upstream
 
+    from cutedsl_inductor import config
+
     monkeypatch.setattr(upstream, "stats", dict.fromkeys(upstream.stats, 0))
+    monkeypatch.setattr(config, "upstream_fast_path", True)
     torch._dynamo.reset()
     yield upstream.stats
     torch._dynamo.reset()
