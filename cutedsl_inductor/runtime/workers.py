@@ -13,16 +13,13 @@ max-autotune Inductor defers that to each op's autotuning, one op after another,
 kernels of later ops build while earlier ones are timed. One kernel is built by one
 worker at a time: a build asked for while another is under way waits for it.
 
-Without prefetch the workers still start ahead (``prefetch`` calls ``start_ahead``):
-when the first choice whose kernel must be built is made, ``config.compile_workers`` of
-them start, so that their zygote imports torch and CuTe DSL while Inductor lowers the
-rest of the graph, not when it precompiles the first op's choices. A choice whose kernel
-is built already starts none. Earlier still, a compile that starts with CUTEDSL among
-Inductor's GEMM backends starts the zygote (``start_zygote``, from dynamo's
-compile-start callback, ``inductor/install.py``): its imports take many seconds, which
-then overlap the compile's tracing; one that forked no worker by the compile's end (a
-warm compile that built nothing) is stopped then (``stop_unused_zygote``); after a warm compile (one
-that Inductor's caches served) later compiles of this process start none ahead.
+Without prefetch the workers still start ahead: the first choice whose kernel must be
+built starts ``config.compile_workers`` of them (``start_ahead``), and earlier still a
+compile that starts with CUTEDSL among Inductor's GEMM backends starts their zygote
+(``start_zygote``, from dynamo's compile-start callback, ``inductor/install.py``), whose
+imports then overlap the compile's tracing. A zygote that forked no worker by the
+compile's end is stopped (``stop_unused_zygote``), and after a warm compile (served from
+Inductor's caches) later compiles of this process start none ahead.
 
 A worker is a fork of a zygote process (``zygote.py``), which imports torch, this
 package's compile path and CuTe DSL (not Inductor) once for all the workers of an arch;
