@@ -48,6 +48,13 @@ def scalar_source(rows: str) -> str:
 BROKEN_SOURCE = UPSTREAM_ADD_SOURCE.replace("m, n = mA.shape", "m, n = mA.no_such_attribute")
 
 
+def launch_without_a_gpu(entry, error=RuntimeError):
+    """Call ``entry`` on host tensors: it fails at the launch, every argument taken."""
+    a, b, out = (torch.randn(64, 128) for _ in range(3))
+    with pytest.raises(error, match=LAUNCH_FAILS):
+        entry(a, b, out, stream=0)
+
+
 @pytest.fixture(autouse=True)
 def fresh_stats(monkeypatch):
     monkeypatch.setattr(upstream, "stats", dict.fromkeys(upstream.stats, 0))
@@ -174,18 +181,14 @@ def test_cute_tensors_take_the_jit_path(graph):
 @no_gpu
 def test_the_entry_launches_through_tvm_ffi(graph):
     entry, jit = load(graph, UPSTREAM_ADD_SOURCE, name="upstream_entry")
-    a, b, out = (torch.randn(64, 128) for _ in range(3))
-    with pytest.raises(RuntimeError, match=LAUNCH_FAILS):
-        entry(a, b, out, stream=0)
+    launch_without_a_gpu(entry)
     assert upstream.stats["fast_calls"] == 1 and len(jit.fast) == 1 and not jit.compiled
 
 
 @no_gpu
 def test_an_entry_that_uses_a_record_takes_the_jit_path(graph):
     entry, jit = load(graph, TOUCHING_SOURCE, name="upstream_touching")
-    a, b, out = (torch.randn(64, 128) for _ in range(3))
-    with pytest.raises(Exception, match=LAUNCH_FAILS):
-        entry(a, b, out, stream=0)
+    launch_without_a_gpu(entry, Exception)
     assert len(jit.compiled) == 1 and compiler.stats["compiled"] == 1
     assert not jit.fast and upstream.stats["fast_compiled"] == upstream.stats["fast_calls"] == 0
 
@@ -194,9 +197,7 @@ def test_an_entry_that_uses_a_record_takes_the_jit_path(graph):
 def test_constexpr_and_runtime_scalars_reach_tvm_ffi(graph):
     entry, jit = load(graph, scalar_source("input_a.shape[0]"), name="upstream_scalars")
     assert jit._positions == (6, (0, 1, 2, 3, 5))  # the Constexpr is not passed
-    a, b, out = (torch.randn(64, 128) for _ in range(3))
-    with pytest.raises(RuntimeError, match=LAUNCH_FAILS):
-        entry(a, b, out, stream=0)
+    launch_without_a_gpu(entry)
     assert upstream.stats["fast_calls"] == 1
     key = next(iter(jit.fast))
     assert key[4:] == ((int, 128), (int, 64))
