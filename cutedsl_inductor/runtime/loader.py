@@ -16,8 +16,9 @@ not run at all: only ``@cute.jit`` entries' binaries are cached, so it loads as 
 a warm process neither runs the rendered sources nor imports what they import (CuTe DSL,
 the GEMM's modules). Otherwise the module runs: a ``@cute.jit`` entry is compiled once
 per specialization (the remote tier, then the compiler); a plain Python entry gets its
-module's ``from_dlpack`` and ``@cute.jit`` functions rebound (``compile/upstream.py``:
-records of the torch tensors, launched through TVM-FFI). Invariant: loading the same
+module's ``@cute.jit`` functions rebound, and with ``config.upstream_fast_path`` its
+``from_dlpack`` too (``compile/upstream.py``: records of the torch tensors, launched
+through TVM-FFI). Invariant: loading the same
 (source, specs) twice in a process returns wrappers around the same compiled function. Failure semantics: a missing entry
 point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
 """
