@@ -32,14 +32,15 @@ def template(name, source=None):
     return CuteDSLTemplate(name, source or UPSTREAM_ADD_SOURCE)
 
 
-def loaded_entry(source, shape=SHAPE, dtype=torch.float32):
-    """The plain entry of ``source`` rendered for ``shape``: called directly, without the
-    wrapper's spec check, so one module sees several argument signatures."""
+def loaded_entry(name, source, shape=SHAPE, dtype=torch.float32):
+    """The plain entry of ``source`` (template ``name``: names are global, one per source)
+    rendered for ``shape``: called directly, without the wrapper's spec check, so one
+    module sees several argument signatures."""
     from cutedsl_inductor.autotune.scratch import scratch_graph
 
     with scratch_graph() as scratch:
         a, b = (scratch.input(shape, dtype) for _ in range(2))
-        return template("upstream_direct", source).generate(
+        return template(name, source).generate(
             input_nodes=[a, b], layout=a.get_layout(), THREADS_PER_BLOCK=256).load().kernel_fn
 
 
@@ -105,7 +106,7 @@ def test_in_a_compiled_graph_other_strides_and_dtypes_compile_again(fresh, varia
 
 
 def test_one_module_compiles_once_per_signature_and_runs_each_correctly(fresh):
-    entry = loaded_entry(None)
+    entry = loaded_entry("upstream_direct", None)
     signatures = [lambda: torch.randn(SHAPE, device="cuda"),
                   lambda: torch.randn(SHAPE[::-1], device="cuda").t(),
                   lambda: torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16),
@@ -127,7 +128,7 @@ def test_one_module_compiles_once_per_signature_and_runs_each_correctly(fresh):
 def test_dynamic_marks_share_one_function_across_shapes(fresh):
     from tests.compile.test_upstream import MARKED_SOURCE
 
-    entry = loaded_entry(MARKED_SOURCE)
+    entry = loaded_entry("upstream_marked", MARKED_SOURCE)
     for shape in (SHAPE, (1000, 300), (7, 4099)):
         a, b = (torch.randn(shape, device="cuda") for _ in range(2))
         torch.testing.assert_close(call(entry, a, b), a + b, rtol=0, atol=0)
@@ -137,8 +138,9 @@ def test_dynamic_marks_share_one_function_across_shapes(fresh):
 def test_an_entry_that_uses_a_record_runs_on_the_jit_path(fresh):
     from tests.compile.test_upstream import TOUCHING_SOURCE, scalar_source
 
-    for source in (TOUCHING_SOURCE, scalar_source("input_a.shape[0] + 0.25")):
-        entry = loaded_entry(source)
+    for name, source in (("upstream_touching", TOUCHING_SOURCE),
+                         ("upstream_scalar", scalar_source("input_a.shape[0] + 0.25"))):
+        entry = loaded_entry(name, source)
         a, b = (torch.randn(SHAPE, device="cuda") for _ in range(2))
         torch.testing.assert_close(call(entry, a, b), a + b, rtol=0, atol=0)
     assert fresh["fast_compiled"] == 1  # the scalar source's, refused at its call
