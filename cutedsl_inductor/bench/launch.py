@@ -4,8 +4,9 @@ times on a GPU.
     python -m cutedsl_inductor bench launch [--out DIR] [--steady-only]
 
 Prints, measured in one run:
-  * host µs per call, steady state, 2048x2048 float32 add: ``CuteDSLKernelWrapper.run``,
-    a compiled graph running our CuteDSL kernel, the same graph through plain Inductor
+  * host µs per call, steady state, 2048x2048 float32 add: ``CuteDSLKernelWrapper.run``
+    (of our template and of the upstream-style one through the fast path), a compiled
+    graph running our CuteDSL kernel, the same graph through plain Inductor
     (Triton), through our loader of the upstream-style template (``from_dlpack`` records
     launched through TVM-FFI: ``compile/upstream.py``), eager torch, and (where
     importable) upstream's in-tree CuteDSL template;
@@ -89,6 +90,13 @@ def steady_state_rows() -> list[tuple[str, float, float]]:
                                         THREADS=256, VECTOR=4).load()
         rows.append((f"CuteDSLKernelWrapper.run, {label} specs",
                      *per_call_us(lambda: wrapper.run(x, y, out))))
+    with scratch_graph() as scratch, config.patch(upstream_fast_path=True):
+        a, b = (scratch.input((2048, 2048), torch.float32) for _ in range(2))
+        styled = CuteDSLTemplate("bench_upstream_style_add_direct", UPSTREAM_ADD_SOURCE).generate(
+            input_nodes=[a, b], layout=a.get_layout(), THREADS_PER_BLOCK=256).load()
+    stream = torch.cuda.current_stream().cuda_stream
+    rows.append(("CuteDSLKernelWrapper.run, upstream-style (TVM-FFI fast path)",
+                 *per_call_us(lambda: styled.run(x, y, out, stream=stream))))
 
     def add(p, q):
         return p + q
@@ -218,7 +226,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"{name:52s} {host:12.1f} {wall:12.1f}")
     triton = next(r for r in rows if "Triton" in r[0])
     ours = next(r for r in rows if "CuteDSL kernel" in r[0])
-    styled = next(r for r in rows if "fast path" in r[0])
+    styled = next(r for r in rows if "compiled graph (ours, TVM-FFI fast path)" in r[0])
     print(f"{'ratio in-graph CuteDSL / Triton (host)':52s} {ours[1] / triton[1]:12.2f}")
     print(f"{'ratio in-graph upstream-style fast path / Triton (host)':52s} "
           f"{styled[1] / triton[1]:12.2f}")

@@ -4,21 +4,23 @@ An upstream-style module's plain Python entry converts each torch tensor with
 ``from_dlpack`` and calls a module-level ``@cute.jit`` function with the results and
 ``cuda.CUstream(stream)``; CuTe's JitExecutor then converts every argument again, on
 every call. The loader (``runtime/loader.py``) rebinds, in the modules it runs, each
-``@cute.jit`` function to a ``JitOnce`` and, with ``config.upstream_fast_path`` (off by
-default until all of its GPU tests pass), CuTe's ``from_dlpack`` to ``record_dlpack``:
+``@cute.jit`` function to a ``JitOnce`` and, with ``config.upstream_fast_path`` (on by
+default), CuTe's ``from_dlpack`` to ``record_dlpack``:
 
-* ``record_dlpack`` of a plain torch tensor (CUDA or CPU, strided, exportable by DLPack)
-  with the options ``assumed_align`` and ``use_32bit_stride`` returns a ``TensorRecord``:
-  a CuTe runtime tensor (a subclass of CuTe's own) that holds the torch tensor and its
-  options, records ``mark_layout_dynamic`` and ``mark_compact_shape_dynamic`` and defers
-  the conversion. The first use of anything else (an attribute, a method, setting one)
-  converts it in place, as ``from_dlpack`` would have, replaying the marks: from then on
-  it is that tensor. Any other input or option gets the real ``from_dlpack``.
+* ``record_dlpack`` of a torch tensor (the type itself) with the options
+  ``assumed_align`` and ``use_32bit_stride`` returns a ``TensorRecord``: a CuTe runtime
+  tensor (a subclass of CuTe's own) that holds the torch tensor and its options, records
+  ``mark_layout_dynamic`` and ``mark_compact_shape_dynamic`` and defers the conversion.
+  The first use of anything else (an attribute, a method, setting one) converts it in
+  place, as ``from_dlpack`` would have, replaying the marks: from then on it is that
+  tensor. Any other input or option gets the real ``from_dlpack``. It checks nothing
+  more, so that a launch pays little per tensor: what DLPack refuses is told by the key.
 * ``JitOnce`` called with unconverted records, ``CUstream``s and Python scalars launches
   a TVM-FFI function with the torch tensors themselves. Its key is each record's torch
-  metadata (dtype, shape, strides, device, options, marks; with an ``assumed_align``,
-  whether the pointer has it) and each other argument's type (a scalar's value too):
-  finer than CuTe's key, which it determines. A new key converts the records once, with
+  metadata (dtype, shape, strides, device, layout, whether it requires grad, a complex
+  tensor's conjugate bit, options, marks; with an ``assumed_align``, whether the pointer
+  has it) and each other argument's type (a scalar's value too): finer than CuTe's key,
+  which it determines. A new key converts the records once, with
   TVM-FFI, and looks up their CuTe key (each tensor's ``__cache_key__`` and device type,
   what the JitExecutor path keys on), compiling with ``--enable-tvm-ffi`` from the
   converted tensors where it has no function yet: a dynamic mark compiles once for all
@@ -33,7 +35,10 @@ Failure semantics: a compile error on the JitExecutor path is ``KernelCompileErr
 naming the template, parameters and generated file. Where converting the records,
 compiling them with TVM-FFI or TVM-FFI's argument checks at a call (before any launch)
 fail, that key takes the JitExecutor path (a compile or call failure logged once), which
-raises what it raised before (a mark CuTe refuses: its error, at the jit call).
+raises what it raised before (a mark CuTe refuses: its error, at the jit call). So does a
+key whose tensor DLPack refuses to export: its conversion raises ``from_dlpack``'s error
+at the jit call, not at the entry's line. (A view with the negative bit is exported as
+its data by torch, CuTe and TVM-FFI alike, on either path.)
 """
 
 from __future__ import annotations
@@ -78,22 +83,22 @@ def adopt(module: Any, arch: str, describe: dict[str, Any]) -> None:
 
 def record_dlpack(tensor: Any, assumed_align: Any = None, use_32bit_stride: Any = False,
                   **options: Any) -> Any:
-    """``from_dlpack`` in the modules we load: a ``TensorRecord`` where one stands for
-    its result, else its result."""
-    if options or not _recordable(tensor, assumed_align, use_32bit_stride):
+    """``from_dlpack`` in the modules we load: a ``TensorRecord`` of a torch tensor with
+    the options records stand for, else ``from_dlpack``'s result."""
+    if (options or type(tensor) is not torch.Tensor or type(use_32bit_stride) is not bool
+            or not (assumed_align is None or type(assumed_align) is int)):
         return from_dlpack(tensor, assumed_align, use_32bit_stride, **options)
-    return TensorRecord(tensor, assumed_align, use_32bit_stride)
+    return TensorRecord(tensor, (assumed_align, use_32bit_stride))
 
 
-def _recordable(tensor: Any, assumed_align: Any, use_32bit_stride: Any) -> bool:
-    """Whether a record can stand for ``from_dlpack(tensor, ...)``: what DLPack refuses
-    to export (gradients, conjugate and negative views, sparse, quantized) goes to the
-    real one, which raises at once, as before."""
-    return (type(tensor) is torch.Tensor and (tensor.is_cuda or tensor.is_cpu)
-            and tensor.layout is torch.strided and not tensor.requires_grad
-            and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg()
-            and (assumed_align is None or type(assumed_align) is int)
-            and type(use_32bit_stride) is bool)
+def _recordable(tensor: torch.Tensor) -> bool:
+    """Whether a TVM-FFI function can take ``tensor`` for ``from_dlpack(tensor)``: what
+    DLPack refuses to export (gradients, conjugate views, sparse, quantized, other
+    devices) takes the JitExecutor path, whose ``from_dlpack`` raises, as before. What it
+    reads is in the fast path's key (quantized and complex dtypes in the dtype), so it
+    runs once per key."""
+    return ((tensor.is_cuda or tensor.is_cpu) and tensor.layout is torch.strided
+            and not tensor.requires_grad and not tensor.is_quantized and not tensor.is_conj())
 
 
 class TensorRecord(_Tensor):
@@ -103,11 +108,13 @@ class TensorRecord(_Tensor):
 
     # CuTe tells its runtime objects by their class's module (``_is_cute_pointer_like``)
     __module__ = _Tensor.__module__
+    _record_marks: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    _record_converted = False
 
-    def __init__(self, tensor: torch.Tensor, assumed_align: int | None,
-                 use_32bit_stride: bool) -> None:
-        vars(self).update(_record_tensor=tensor, _record_options=(assumed_align, use_32bit_stride),
-                          _record_marks=(), _record_converted=False)
+    def __init__(self, tensor: torch.Tensor, options: tuple[int | None, bool]) -> None:
+        state = vars(self)
+        state["_record_tensor"] = tensor
+        state["_record_options"] = options  # (assumed_align, use_32bit_stride)
 
     def __getattr__(self, name: str) -> Any:
         # an attribute of CuTe's tensor, not set before the conversion
@@ -133,7 +140,7 @@ class TensorRecord(_Tensor):
         if self._record_converted:
             getattr(_Tensor, name)(self, *args)
         else:
-            vars(self)["_record_marks"] += ((name, args),)
+            vars(self)["_record_marks"] = self._record_marks + ((name, args),)
         return self
 
     def cute_tensor(self, **options: Any) -> Any:
@@ -151,26 +158,36 @@ class TensorRecord(_Tensor):
         return self
 
 
-def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """The TVM-FFI path's key of ``args``, or None where they take the JitExecutor's."""
-    key = []
+def _fast_args(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[Any]] | None:
+    """(the TVM-FFI path's key of ``args``, what its function takes for them: the torch
+    tensors for the records), or None where they take the JitExecutor path."""
+    key, values = [], []
     for arg in args:
         kind = type(arg)
         if kind is TensorRecord:
             if arg._record_converted:
                 return None
-            tensor, align = arg._record_tensor, arg._record_options[0]
-            if align and tensor.data_ptr() % align:
+            tensor, options = arg._record_tensor, arg._record_options
+            if options[0] and tensor.data_ptr() % options[0]:
                 return None  # the JitExecutor path raises for it
-            key.append((tensor.dtype, tensor.shape, tensor.stride(), tensor.get_device(),
-                        arg._record_options, arg._record_marks))
+            try:
+                stride = tensor.stride()
+            except RuntimeError:  # a layout without strides
+                return None
+            dtype = tensor.dtype
+            key.append((dtype, tensor.shape, stride, tensor.device, tensor.layout,
+                        tensor.requires_grad, dtype.is_complex and tensor.is_conj(), options,
+                        arg._record_marks))
+            values.append(tensor)
         elif kind is cuda.CUstream:
             key.append(kind)
+            values.append(arg)
         elif kind in _SCALARS:
             key.append((kind, arg))
+            values.append(arg)
         else:
             return None
-    return tuple(key)
+    return tuple(key), values
 
 
 def _jit_key(arg: Any) -> Any:
@@ -213,11 +230,12 @@ class JitOnce:
         self._positions = _runtime_positions(fn)
 
     def __call__(self, *args: Any) -> Any:
-        key, function = self._fast(args)
-        if function is not None:
+        fast = self._fast(args)
+        if fast is not None:
+            key, values, function = fast
             stats["fast_calls"] += 1
             try:
-                return function(*self._ffi_args(args))
+                return function(*values)
             except (TypeError, ValueError) as err:  # TVM-FFI's argument checks: no launch
                 self.fast[key] = None
                 self._fall_back("does not take these arguments through TVM-FFI", err)
@@ -226,21 +244,27 @@ class JitOnce:
     def fast_function(self, args: tuple[Any, ...]) -> Any:
         """The TVM-FFI function that launches ``args`` (compiled for a new key), or None:
         they take the JitExecutor path."""
-        return self._fast(args)[1]
+        fast = self._fast(args)
+        return None if fast is None else fast[2]
 
-    def _fast(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    def _fast(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], Any] | None:
+        """(key, what the TVM-FFI function takes, that function) for ``args``, or None."""
         if self._positions is None or len(args) != self._positions[0]:
-            return None, None
-        key = _fast_key(args)
-        if key is None:
-            return None, None
+            return None
+        found = _fast_args(args)
+        if found is None:
+            return None
+        key, values = found
         function = self.fast.get(key, _MISSING)
         if function is _MISSING:
             with COMPILE_LOCK:
                 if key not in self.fast:
                     self.fast[key] = self._ffi_function(args)
                 function = self.fast[key]
-        return key, function
+        if function is None:
+            return None
+        arity, runtime = self._positions
+        return key, (values if len(runtime) == arity else [values[i] for i in runtime]), function
 
     def _runtime(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """``args`` without the Constexpr ones, which compiled functions do not take."""
@@ -249,15 +273,12 @@ class JitOnce:
         arity, runtime = self._positions
         return args if len(runtime) == arity else tuple(args[i] for i in runtime)
 
-    def _ffi_args(self, args: tuple[Any, ...]) -> list[Any]:
-        """What the TVM-FFI function takes: the torch tensors, no Constexpr."""
-        return [arg._record_tensor if type(arg) is TensorRecord else arg
-                for arg in self._runtime(args)]
-
     def _ffi_function(self, args: tuple[Any, ...]) -> Any:
         """The TVM-FFI function of the CuTe key of ``args`` converted (compiled where it
         has none), or None where converting or compiling fails."""
         converted, cute_key = [], []
+        if any(type(arg) is TensorRecord and not _recordable(arg._record_tensor) for arg in args):
+            return None
         try:
             for arg in args:
                 if type(arg) is TensorRecord:

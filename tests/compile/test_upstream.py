@@ -117,12 +117,25 @@ def test_what_a_record_cannot_stand_for_gets_the_real_from_dlpack():
     assert type(record_dlpack(t, force_tf32=True)) is _Tensor
     assert record_dlpack(t, force_tf32=True).element_type is cutlass.TFloat32
     assert type(record_dlpack(torch.nn.Parameter(t, requires_grad=False))) is _Tensor
-    for refused in (t.requires_grad_(), torch.randn(4, dtype=torch.complex64).conj()):
-        with pytest.raises(Exception) as ours:
-            record_dlpack(refused)
-        with pytest.raises(Exception) as theirs:
-            from_dlpack(refused)
-        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    assert type(record_dlpack(t, assumed_align=16.0)) is _Tensor
+
+
+@pytest.mark.parametrize("refused", ["requires_grad", "conj", "sparse"])
+def test_a_tensor_dlpack_refuses_takes_the_jit_path_and_raises_from_dlpacks_error(
+        graph, refused):
+    _, jit = load(graph, UPSTREAM_ADD_SOURCE, name="upstream_refused")
+    complex_view = torch.randn(64, 128, dtype=torch.complex64).conj()
+    tensor = {"requires_grad": lambda: torch.randn(64, 128).requires_grad_(),
+              "conj": lambda: complex_view,
+              "sparse": lambda: torch.randn(64, 128).to_sparse()}[refused]()
+    others = records(torch.randn(64, 128), torch.randn(64, 128))
+    assert jit.fast_function((record_dlpack(tensor), *others, cuda.CUstream(0))) is None
+    with pytest.raises(Exception) as theirs:
+        from_dlpack(tensor)
+    with pytest.raises(Exception) as ours:
+        jit(record_dlpack(tensor), *others, cuda.CUstream(0))
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    assert not jit.compiled and compiler.stats["compiled"] == 0
 
 
 def test_records_compile_one_tvm_ffi_function_per_torch_signature(graph):
@@ -133,8 +146,8 @@ def test_records_compile_one_tvm_ffi_function_per_torch_signature(graph):
     function = jit.fast_function((*records(a, b, c), stream))
     assert isinstance(function, tvm_ffi.Function)
     assert compiler.stats["compiled"] == upstream.stats["fast_compiled"] == 1
-    assert list(jit.fast) == [((torch.float32, (64, 128), (128, 1), -1, (None, False), ()),) * 3
-                              + (cuda.CUstream,)]
+    assert list(jit.fast) == [((torch.float32, (64, 128), (128, 1), torch.device("cpu"), torch.strided,
+                               False, False, (None, False), ()),) * 3 + (cuda.CUstream,)]
     again = tuple(torch.randn(64, 128) for _ in range(3))
     assert jit.fast_function((*records(*again), cuda.CUstream(7))) is function
     assert compiler.stats["compiled"] == 1
