@@ -231,7 +231,8 @@ def kernel_definition(
     that a raw ''' string cannot hold were rejected when the choice was made."""
     return (
         f"load_kernel(\n    {kernel_name!r},\n    r'''{source}''',\n"
-        f"    specs={specs!r},\n    template={template!r},\n    params={params!r},\n)"
+        f"    specs={specs!r},\n    template={template!r},\n    params={params!r},\n"
+        f"    inductor=True,\n)"
     )
 
 

@@ -44,9 +44,9 @@ from ..compile.compiler import (
     is_cute_jit,
     target_arch,
 )
-from ..compile.specs import ArgSpec
+from ..compile.specs import ArgSpec, ScalarSpec
 from ..exc import GeneratedCodeError, format_params
-from .wrapper import CuteDSLKernelWrapper, TVMFFIKernelWrapper
+from .wrapper import CuteDSLKernelWrapper, InductorEntryWrapper, TVMFFIKernelWrapper
 
 log = logging.getLogger(__name__)
 # under "torch." so that TORCH_LOGS="kernel_code" reaches it (its handlers live there)
@@ -116,11 +116,14 @@ def load_kernel(
     template: str | None = None,
     params: dict[str, Any] | None = None,
     path: str | None = None,
+    inductor: bool = False,
 ) -> CuteDSLKernelWrapper:
-    """``path``: where the source is written already (``import_source``)."""
+    """``path``: where the source is written already (``import_source``); ``inductor``:
+    the caller is Inductor's output code (an upstream-style entry with static specs is
+    then launched unchecked: ``runtime/wrapper.py``)."""
     start = time.perf_counter()
     try:
-        return _load(kernel_name, source, specs, template, params, path)
+        return _load(kernel_name, source, specs, template, params, path, inductor)
     finally:
         stats["calls"] += 1
         stats["seconds"] += time.perf_counter() - start
@@ -135,7 +138,8 @@ def describe_kernel(kernel_name: str, source: str, specs: list[ArgSpec], templat
 
 
 def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
-          params: dict[str, Any] | None, path: str | None) -> CuteDSLKernelWrapper:
+          params: dict[str, Any] | None, path: str | None,
+          inductor: bool) -> CuteDSLKernelWrapper:
     key = kernel_key(kernel_name, source, specs)
     describe = describe_kernel(kernel_name, source, specs, template, params, path)
     cached = cached_kernel(key, describe | {"arch": target_arch()})
@@ -167,6 +171,6 @@ def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | N
     from ..compile import upstream
 
     upstream.adopt(module, arch, describe)
-    return CuteDSLKernelWrapper(
-        entry, path, kernel_name=kernel_name, template=template, specs=specs
-    )
+    static = all(isinstance(s, ScalarSpec) or s.static_layout is not None for s in specs)
+    wrapper = InductorEntryWrapper if inductor and static else CuteDSLKernelWrapper
+    return wrapper(entry, path, kernel_name=kernel_name, template=template, specs=specs)

@@ -7,6 +7,11 @@ Two launch paths:
   strides and device. The Python cost per call is one attribute lookup and one call.
 - ``CuteDSLKernelWrapper`` (an upstream-style plain Python entry): ``run`` checks the
   arguments against the specs, then calls the entry with the stream.
+- ``InductorEntryWrapper`` (the same entry, loaded by Inductor's output code, every spec
+  static): ``run`` calls the entry without the check. Inductor lays out what it passes
+  as the specs say (its guards fix the inputs' sizes and strides, it allocates the rest
+  and copies inputs it assumed aligned that are not), as its own Triton launchers
+  assume; a direct caller gets the checked wrapper.
 
 Failure semantics: arguments that do not fit raise ``KernelArgumentError`` naming the
 kernel, template, expected and actual arguments and the generated file.
@@ -69,3 +74,8 @@ class TVMFFIKernelWrapper(CuteDSLKernelWrapper):
         except (TypeError, ValueError) as err:
             cause = mismatch(self.specs or [], args) or f"{type(err).__name__}: {err}"
             raise self.argument_error(args, cause) from err
+
+
+class InductorEntryWrapper(CuteDSLKernelWrapper):
+    def run(self, *args: Any, stream: Any = None) -> Any:
+        return self.kernel_fn(*args, stream=stream)

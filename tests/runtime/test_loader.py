@@ -47,6 +47,31 @@ def test_upstream_style_template_loads_unchanged(graph):
     assert "cuda.CUstream(stream)" in open(wrapper.kernel_path).read()
 
 
+def test_inductors_output_code_launches_an_upstream_style_entry_unchecked(graph):
+    """Static specs: Inductor lays out what it passes as they say, so its output code's
+    wrapper calls the entry directly; a direct caller's wrapper checks (here: a host
+    tensor where the specs want CUDA ones)."""
+    import torch
+
+    from cutedsl_inductor.compile.specs import Sym, TensorSpec
+    from cutedsl_inductor.exc import KernelArgumentError
+    from cutedsl_inductor.runtime.wrapper import InductorEntryWrapper
+
+    template = CuteDSLTemplate("upstream_add_unchecked", UPSTREAM_ADD_SOURCE)
+    choice = template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
+                               THREADS_PER_BLOCK=128)
+    ours = load_kernel(choice.name, choice.source, choice.specs, inductor=True)
+    theirs = load_kernel(choice.name, choice.source, choice.specs)
+    assert type(ours) is InductorEntryWrapper and type(theirs) is CuteDSLKernelWrapper
+    assert ours.kernel_fn is theirs.kernel_fn
+    a, b, out = (torch.randn(64, 128) for _ in range(3))
+    with pytest.raises(KernelArgumentError, match="expected a CUDA tensor"):
+        theirs.run(a, b, out, stream=0)
+    symbolic = [TensorSpec("float32", (Sym("s0"), 128), (128, 1), 16) for _ in choice.specs]
+    assert type(load_kernel(choice.name, choice.source, symbolic, inductor=True)) \
+        is CuteDSLKernelWrapper
+
+
 def test_missing_entry_point_is_a_clear_error():
     with pytest.raises(GeneratedCodeError, match="no entry point 'k1_main'"):
         load_kernel("k1", "def helper():\n    pass\n", [], template="t", params={"A": 1})
