@@ -218,10 +218,10 @@ compile_prefetch: bool = _knob(
     "our choices start building in the compile workers when they are made, not when "
     "their op is autotuned (`runtime/workers.py`; off until timed on the H200)")
 upstream_fast_path: bool = _knob(
-    "upstream_fast_path", "CUTEDSL_INDUCTOR_UPSTREAM_FAST_PATH", False, Boolean(),
+    "upstream_fast_path", "CUTEDSL_INDUCTOR_UPSTREAM_FAST_PATH", True, Boolean(),
     "upstream-style templates' `from_dlpack` + `@cute.jit` calls launch through TVM-FFI "
-    "(`compile/upstream.py`; read when a module first loads; off until all its GPU tests "
-    "pass)")
+    "(`compile/upstream.py`; read when a module first loads; off: every call through "
+    "CuTe's JitExecutor)")
 autotune_settle_ms: int = _knob(
     "autotune_settle_ms", "CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", 300, Integer(0, 60000),
     "ms our first choice runs untimed before an autotuning's first timing (0: off)")
