@@ -1,6 +1,6 @@
 """CuteDSLKernelWrapper: what Inductor's output code calls, ``kernel.run(*args, stream=s)``.
 
-Two launch paths:
+Three launch paths:
 - ``TVMFFIKernelWrapper`` (the entry is a ``@cute.jit`` function, compiled once with
   TVM-FFI): ``run`` hands the torch tensors straight to the compiled function, which
   launches on the current torch stream and itself checks dtype, rank, static sizes and

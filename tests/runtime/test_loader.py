@@ -4,14 +4,16 @@ import logging
 import sys
 
 import pytest
+import torch
 import tvm_ffi
 
 from cutedsl_inductor import CuteDSLKernelWrapper, CuteDSLTemplate
+from cutedsl_inductor.compile.specs import Sym, TensorSpec
 from cutedsl_inductor.compile.upstream import JitOnce
-from cutedsl_inductor.exc import GeneratedCodeError, KernelCompileError
+from cutedsl_inductor.exc import GeneratedCodeError, KernelArgumentError, KernelCompileError
 from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE, add_template
 from cutedsl_inductor.runtime.loader import load_kernel
-from cutedsl_inductor.runtime.wrapper import TVMFFIKernelWrapper
+from cutedsl_inductor.runtime.wrapper import InductorEntryWrapper, TVMFFIKernelWrapper
 from tests.helpers import make_input, make_layout
 
 BROKEN_SOURCE = r'''
@@ -51,12 +53,6 @@ def test_inductors_output_code_launches_an_upstream_style_entry_unchecked(graph)
     """Static specs: Inductor lays out what it passes as they say, so its output code's
     wrapper calls the entry directly; a direct caller's wrapper checks (here: a host
     tensor where the specs want CUDA ones)."""
-    import torch
-
-    from cutedsl_inductor.compile.specs import Sym, TensorSpec
-    from cutedsl_inductor.exc import KernelArgumentError
-    from cutedsl_inductor.runtime.wrapper import InductorEntryWrapper
-
     template = CuteDSLTemplate("upstream_add_unchecked", UPSTREAM_ADD_SOURCE)
     choice = template.generate(input_nodes=inputs(graph), layout=make_layout((64, 128)),
                                THREADS_PER_BLOCK=128)
