@@ -171,6 +171,10 @@ gemm_max_configs: int = _knob(
 gemm_exhaustive: bool = _knob(
     "gemm_exhaustive", "CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False, Boolean(),
     "offer every GEMM config the kernel can run", changes_code=True)
+gemm_pdl: bool = _knob(
+    "gemm_pdl", "CUTEDSL_INDUCTOR_GEMM_PDL", False, Boolean(),
+    "launch the GEMM with programmatic dependent launch, its setup overlapping the previous "
+    "kernel's end", changes_code=True)
 epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "

@@ -66,7 +66,7 @@ def test_the_import_fails_with_that_one_line():
 
 def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
     assert set(config.snapshot()) == {"entry_suffix", "compile_options", "arch",
-                                      "gemm_max_configs", "gemm_exhaustive",
+                                      "gemm_max_configs", "gemm_exhaustive", "gemm_pdl",
                                       "epilogue_fusion", "fused_choice_candidates",
                                       "flex_attention", "flex_max_configs",
                                       "flex_only_ours", "flex_pipelined", "flex_pingpong",

@@ -100,6 +100,10 @@ class GemmConfig:
         elementwise in registers (the ``prologue_op`` hook: a fused prologue) and
         converted to B's dtype for WGMMAs that read A from registers
         (``transform_a.py``); not with ``swiglu``, ``swap_ab`` or split-K.
+    :param pdl: launched with programmatic dependent launch: the grid may start while the
+        previous kernel on the stream ends, its setup (barriers, descriptor prefetch)
+        overlapping that kernel's tail; it waits for that kernel (``griddepcontrol.wait``)
+        before touching global memory, so stream order holds as without it.
     """
 
     tile_m: int = 128
@@ -117,6 +121,7 @@ class GemmConfig:
     swiglu: str = ""
     swap_ab: bool = False
     transform_a: bool = False
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -180,8 +185,8 @@ class GemmConfig:
         """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
         ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu``
         for the two-weight kernel, ``_g4`` for a raster band of 4 clusters instead of
-        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A, ``_direct`` for the direct store
-        where swap-AB does not imply it)."""
+        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A, ``_pdl`` for programmatic
+        dependent launch, ``_direct`` for the direct store where swap-AB does not imply it)."""
         consumers = "pp" if self.pingpong else ("coop" if self.cooperative else "1wg")
         return "".join([
             f"t{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}",
@@ -192,6 +197,7 @@ class GemmConfig:
             "_swap" if self.swap_ab else "",
             "_swiglu" if self.swiglu else "",
             "_ta" if self.transform_a else "",
+            "_pdl" if self.pdl else "",
             "_direct" if self.store == "direct" and not self.swap_ab else ""])
 
     def replace(self, **changes: Any) -> "GemmConfig":

@@ -98,6 +98,7 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
         self.raster, self.group_size = config.raster, config.group_size
         self.cooperative, self.pingpong = config.cooperative, config.pingpong
         self.store, self.split_k, self.swiglu = config.store, config.split_k, config.swiglu
+        self.pdl = config.pdl
         # the variants: what the mainloop multiplies, how a tile is stored, the K split
         self.operands = (TransformedAOperands(self) if config.transform_a
                          else make_operands(self, config.swiglu))
@@ -223,6 +224,7 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
             cluster=(self.cluster_m * self.split_k, self.cluster_n, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.pdl,
         )
 
     def _operand_tmas(self, mA, mB, mA_up, mB_up):
@@ -423,6 +425,10 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
                     for b in cutlass.range_constexpr(cute.size(sC_layout, mode=[2])):
                         cute.arch.mbarrier_init(tile_bars + b, 1)
         ring = self._make_ring(smem, sA_layout, sB_layout)
+        if cutlass.const_expr(self.pdl):
+            # every global access below (loads, epilogue inputs, stores) follows the
+            # previous kernel's end; the setup above overlapped it
+            cute.arch.griddepcontrol_wait()
 
         sA = smem.smem_a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = smem.smem_b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)

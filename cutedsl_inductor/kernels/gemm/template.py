@@ -143,6 +143,7 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
         {%- if GROUP_SIZE is defined %} group_size=GROUP_SIZE,{% endif %}
         {%- if SWIGLU is defined %} swiglu=SWIGLU,{% endif %}
         {%- if transform_a %} transform_a=True,{% endif %}
+        {%- if PDL is defined %} pdl=PDL,{% endif %}
     )
     out = {{get_output()}}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
@@ -180,6 +181,8 @@ def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float) -> dict[
         params["SWAP_AB"] = True
     if cfg.swiglu:
         params["SWIGLU"] = cfg.swiglu
+    if cfg.pdl:
+        params["PDL"] = True
     return params
 
 
@@ -289,9 +292,11 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
 
 
 def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfig]:
-    """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``)."""
-    return ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                  max_configs=_max_configs(), l=problem["l"], out_dtype=layout.dtype)
+    """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``), launched
+    with programmatic dependent launch where ``config.gemm_pdl`` says."""
+    ranked = ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
+                    max_configs=_max_configs(), l=problem["l"], out_dtype=layout.dtype)
+    return [cfg.replace(pdl=True) for cfg in ranked] if config.gemm_pdl else ranked
 
 
 def _append_choices(choices: list[Any], nodes: list[Any], layout: Any,

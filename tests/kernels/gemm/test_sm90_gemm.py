@@ -130,6 +130,19 @@ def test_epilogue_math_starts_after_the_tiles_last_ring_slot_is_released(tmp_pat
     assert "mul.rn.f32" not in _ptx_of(Sm90Gemm(**cfg), tmp_path / "plain")
 
 
+def test_pdl_waits_for_the_previous_kernel_before_any_global_access(tmp_path):
+    """With ``pdl`` every thread waits (``griddepcontrol.wait``) before the first TMA load
+    or global access; without it the kernel has no wait."""
+    cfg = DEFAULT_CONFIGS[7]
+    launched = _ptx_of(Sm90Gemm(cfg.replace(pdl=True)), tmp_path / "pdl")
+    wait = launched.index("griddepcontrol.wait")
+    assert wait < launched.index("cp.async.bulk.tensor")
+    assert wait < min(launched.index(op) for op in ("ld.global", "st.global", "cp.async.bulk")
+                      if op in launched)
+    assert "griddepcontrol" not in _ptx_of(Sm90Gemm(cfg), tmp_path / "plain")
+    assert cfg.replace(pdl=True).name == cfg.name + "_pdl"
+
+
 @pytest.mark.parametrize("cfg_idx,bias", [(0, "bf16"), (6, None)])
 def test_direct_store_variant_compiles(cfg_idx, bias):
     compile_sm90_gemm(_with(DEFAULT_CONFIGS[cfg_idx], store="direct"), "bf16", "bf16", "m", "n",

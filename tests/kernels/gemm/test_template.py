@@ -106,6 +106,24 @@ def test_raster_band_renders_only_where_not_the_default(graph):
     assert isinstance(banded[0].load().kernel_fn, tvm_ffi.Function)
 
 
+def test_pdl_renders_only_with_its_knob_and_compiles(graph):
+    """``config.gemm_pdl`` gives every heuristic config PDL (its source, cache key and name
+    say so); without it no source mentions it."""
+    from cutedsl_inductor import config
+
+    a = make_input(graph, "a", (64, 4096), torch.bfloat16)
+    b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
+    layout = make_layout((64, 4096), torch.bfloat16)
+    plain, launched = [], []
+    gemm_choices(plain, "mm", [a, b], layout)
+    with config.patch(gemm_pdl=True):
+        gemm_choices(launched, "mm", [a, b], layout)
+    assert plain and len(launched) == len(plain)
+    assert all("pdl" not in c.source and "PDL" not in c.params for c in plain)
+    assert all("pdl=PDL" in c.source and c.params["PDL"] is True for c in launched)
+    assert isinstance(launched[0].load().kernel_fn, tvm_ffi.Function)
+
+
 def test_pingpong_choice_renders_and_compiles(graph):
     a = make_input(graph, "a", (4096, 4096), torch.bfloat16)
     b = make_input(graph, "b", (4096, 4096), torch.bfloat16, stride=(1, 4096))
