@@ -10,14 +10,15 @@ graphs: ``mode="max-autotune"``, ``"reduce-overhead"`` for Inductor's default) a
 ``train`` (2 x 2048 tokens, forward and backward of ``logits.float().square().mean()``).
 Variants: ``eager``, ``default`` (torch.compile), ``max-autotune`` (ATEN,TRITON) and
 ``cutedsl`` (ATEN,TRITON,CUTEDSL; ``--fusion`` on and/or off, default: the package's
-``config.epilogue_fusion``); ``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion as ``cutedsl``)
+``config.epilogue_fusion``; ``--pdl`` on and/or off, default: ``config.gemm_pdl``); ``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion as ``cutedsl``)
 runs only when named, to tell what Triton's choices beside ours change.
 
 Each measurement runs in a process of its own (``python -m cutedsl_inductor.bench.model
 --child CASE``) with fresh Inductor and kernel caches: its first call is the cold figure;
 a second process on the same caches gives the warm one (and must hit the FX graph cache,
 compile no CuTe kernel and autotune nothing). ``cutedsl`` with fusion off shares the
-caches of fusion on (its first call is not a cold figure). ms per step: the median of
+caches of fusion on (its first call is not a cold figure), and so does each ``--pdl`` setting
+after the first. ms per step: the median of
 ``--steps`` CUDA-event-timed calls after warm-ups. Every output (logits; for ``train``
 the loss and every parameter's gradient) is checked against an fp32 copy of the model:
 its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
@@ -71,6 +72,7 @@ class Case:
     batch: int = 0  # 0: the workload's default (WORKLOADS)
     seq: int = 0
     fusion: bool | None = None  # cutedsl only; None: config.epilogue_fusion as set
+    pdl: bool | None = None  # cutedsl only; None: config.gemm_pdl as set
     gemm_backends: str = ""  # "": the variant's (BACKENDS)
     steps: int = 15
     warmup: int = 3
@@ -147,6 +149,8 @@ def _compiled(case: Case, model: Any) -> Any:
                                                          or BACKENDS[case.variant])
     if case.fusion is not None:
         config.epilogue_fusion = case.fusion
+    if case.pdl is not None:
+        config.gemm_pdl = case.pdl
     return torch.compile(model, mode="max-autotune" if graphs else "max-autotune-no-cudagraphs")
 
 
@@ -245,7 +249,8 @@ def run_child(case: Case, caches: Path, kernels: Path | None = None,
     logs = caches / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     fusion = {None: "", True: "-fusion", False: "-no-fusion"}[case.fusion]
-    log_name = f"{case.family}-{case.workload}-{case.variant}{fusion}-{time.time_ns()}.log"
+    pdl = {None: "", True: "-pdl", False: "-no-pdl"}[case.pdl]
+    log_name = f"{case.family}-{case.workload}-{case.variant}{fusion}{pdl}-{time.time_ns()}.log"
     (logs / log_name).write_text(run.stderr)
     if run.returncode != 0:
         raise RuntimeError(f"{case} failed (rc {run.returncode}):\n{run.stderr[-4000:]}")
@@ -258,18 +263,20 @@ def run_child(case: Case, caches: Path, kernels: Path | None = None,
 
 def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
     """Every (case, cache group) of a run: cases of one group share caches, the first
-    of a group starts them cold (``cutedsl`` fusion off joins fusion on's group)."""
+    of a group starts them cold (``cutedsl``'s other fusion and PDL settings join the first's
+    group)."""
     batch, seq = args.tokens or (0, 0)
     cases = []
     for family in args.families:
         for workload in args.workloads:
             for variant in args.variants:
-                fusions = args.fusion if variant.startswith("cutedsl") else [None]
-                for fusion in fusions:
-                    case = Case(family, workload, variant, layers=args.layers, batch=batch,
-                                seq=seq, fusion=fusion, steps=args.steps,
-                                profile=args.profile)
-                    cases.append((case, f"{family}-{workload}-{variant}"))
+                ours = variant.startswith("cutedsl")
+                for fusion in args.fusion if ours else [None]:
+                    for pdl in args.pdl if ours else [None]:
+                        case = Case(family, workload, variant, layers=args.layers,
+                                    batch=batch, seq=seq, fusion=fusion, pdl=pdl,
+                                    steps=args.steps, profile=args.profile)
+                        cases.append((case, f"{family}-{workload}-{variant}"))
     return cases
 
 
@@ -309,12 +316,17 @@ def _parse_tokens(text: str) -> tuple[int, int]:
     return int(batch), int(seq)
 
 
-def _fusions(text: str) -> list[bool | None]:
+def _switches(option: str) -> Any:
+    """The parser of ``option``'s values: on, off, default (the package's) or a list."""
     values = {"on": True, "off": False, "default": None}
-    parts = text.split(",")
-    if any(p not in values for p in parts):
-        raise argparse.ArgumentTypeError(f"--fusion {text!r}: on, off, default or a list")
-    return [values[p] for p in parts]
+
+    def parse(text: str) -> list[bool | None]:
+        parts = text.split(",")
+        if any(p not in values for p in parts):
+            raise argparse.ArgumentTypeError(f"{option} {text!r}: on, off, default or a list")
+        return [values[p] for p in parts]
+
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -324,8 +336,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=list(WORKLOADS))
     p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
                    default=list(DEFAULT_VARIANTS))
-    p.add_argument("--fusion", type=_fusions, default=[None],
+    p.add_argument("--fusion", type=_switches("--fusion"), default=[None],
                    help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
+    p.add_argument("--pdl", type=_switches("--pdl"), default=[None],
+                   help="cutedsl's GEMMs with programmatic dependent launch "
+                        "(config.gemm_pdl): on, off, default or a list")
     p.add_argument("--layers", type=parse_count, default=2)
     p.add_argument("--tokens", type=_parse_tokens, default=None,
                    help="BATCHxSEQ for every workload (default: each workload's own)")

@@ -29,11 +29,17 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                                                           / base["first_call_warm_s"])
 
 
+def settings(row: dict[str, Any]) -> str:
+    """Our variants' fusion and PDL settings where the run set them, e.g. " fusion on"."""
+    words = {None: "", True: " {} on", False: " {} off"}
+    return (words[row["fusion"]].format("fusion")
+            + words[row.get("pdl")].format("pdl"))
+
+
 def line(row: dict[str, Any]) -> str:
-    fusion = {None: "", True: " fusion on", False: " fusion off"}[row["fusion"]]
     warm = f" / {row['first_call_warm_s']:.1f}" if "first_call_warm_s" in row else ""
     return (f"{row['family']:6} {row['workload']:13} {row['tokens']:>8} "
-            f"{row['variant'] + fusion:22} {row['ms']:9.3f} ms  first call "
+            f"{row['variant'] + settings(row):22} {row['ms']:9.3f} ms  first call "
             f"{row['first_call_s']:6.1f}{warm} s ({row['caches']})  CuTe kernels "
             f"{row['cute_kernels']}  rel err {row['rel_err']:.2e} (eager "
             f"{row['rel_err_eager']:.2e}) {'ok' if row['ok'] else 'WRONG'}")
@@ -59,8 +65,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
             first = f"   first call {row['first_call_vs_max_autotune']:.2f}x"
             if "warm_first_call_vs_max_autotune" in row:
                 first += f" / {row['warm_first_call_vs_max_autotune']:.2f}x"
-        fusion = "fusion on" if row["fusion"] is not False else "fusion off"
-        lines.append(f"  {row['family']:6} {row['workload']:13} {row['variant']:17} {fusion:10} "
+        lines.append(f"  {row['family']:6} {row['workload']:13} {row['variant']:17} "
+                     f"{settings(row).strip() or 'defaults':10} "
                      f"{row['speedup_vs_max-autotune']:.3f}x{first}")
     return "\n".join(lines)
 
@@ -76,8 +82,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
              and "speedup_vs_max-autotune" in r]
     if not shown:
         return
-    labels = [f"{r['family']} {r['workload']} {r['variant']}"
-              + {None: "", True: " (fusion)", False: " (no fusion)"}[r["fusion"]] for r in shown]
+    labels = [f"{r['family']} {r['workload']} {r['variant']}{settings(r)}" for r in shown]
     values = [r["speedup_vs_max-autotune"] for r in shown]
     fig, ax = plt.subplots(figsize=(10, 0.4 * len(shown) + 1.5), dpi=100)
     ax.barh(labels, values, color=["tab:green" if v >= 1 else "tab:red" for v in values])
