@@ -12,6 +12,8 @@
 #                                             compile_workers (host CPUs only, no GPU)
 #                                             model_cold (Llama prefill, cold and warm, with
 #                                             and without Triton's GEMMs beside ours)
+#                                             pdl (the PDL GEMMs' GPU test, then Llama decode
+#                                             with and without CUDA graphs, PDL off and on)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -78,6 +80,10 @@ for s in $steps; do
     model_cold) step model_cold python3 -m cutedsl_inductor bench model --families llama \
         --workloads prefill --variants max-autotune,cutedsl,cutedsl-no-triton --steps 10 \
         --out "$OUT/model_cold" ;;
+    pdl) step pdl_test gpu_tests tests/gpu/test_gemm.py -k pdl
+        step pdl_model python3 -m cutedsl_inductor bench model --families llama \
+        --workloads decode-graphs,decode --variants max-autotune,cutedsl --pdl off,on \
+        --no-warm --steps 10 --profile 5 --out "$OUT/pdl_model" ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \

@@ -90,6 +90,64 @@ def test_small_tile_configs_match_float64(cfg):
     assert relative_error(out, a.double() @ b.double()) < TOLERANCE, description
 
 
+def loaded_gemm(cfg, a, b, out_shape):
+    """The GEMM choice of ``cfg`` for ``a @ b``, loaded (``run(a, b, out)``)."""
+    from torch._inductor import ir
+
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.kernels.gemm.template import gemm_choices
+
+    with scratch_graph() as scratch:
+        nodes = [scratch.input(t.shape, t.dtype, t.stride()) for t in (a, b)]
+        layout = ir.FixedLayout(torch.device("cuda", 0), a.dtype, list(out_shape))
+        choices = []
+        gemm_choices(choices, "mm", nodes, layout, configs=[cfg])
+    assert len(choices) == 1 and "PDL=True" in choices[0].description
+    return choices[0].load()
+
+
+@pytest.mark.parametrize("cfg", [DEFAULT_CONFIGS[0], EXTRA_CONFIGS[0]], ids=lambda c: c.name)
+def test_pdl_gemms_wait_for_the_kernel_before_them(cfg):
+    """A chain of a torch kernel writing A, a PDL GEMM, a second PDL GEMM reading the first's
+    output and a torch kernel reading the second's, with the outputs poisoned with NaN by the
+    kernels just before: a GEMM that touched memory before the previous kernel ended would
+    read stale or NaN data. Run eagerly on fresh inputs, then captured in a CUDA graph and
+    replayed on fresh inputs."""
+    cfg = cfg.replace(pdl=True)
+    m, n, k = 256, 1024, 2048
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, a = torch.empty(m, k, **bf16), torch.empty(m, k, **bf16)
+    w1, w2 = operand_b(k, n, torch.bfloat16, True), operand_b(n, n, torch.bfloat16, True)
+    c1, c2, d = (torch.empty(m, n, **bf16) for _ in range(3))
+    first, second = loaded_gemm(cfg, a, w1, (m, n)), loaded_gemm(cfg, c1, w2, (m, n))
+
+    def chain():
+        c1.fill_(float("nan"))
+        c2.fill_(float("nan"))
+        torch.mul(x, 0.5, out=a)
+        first.run(a, w1, c1)
+        second.run(c1, w2, c2)
+        torch.neg(c2, out=d)
+
+    def check():
+        ref = -((0.5 * x.double()) @ w1.double()).to(torch.bfloat16).double() @ w2.double()
+        assert relative_error(d, ref) < TOLERANCE, cfg.name
+
+    for _ in range(3):
+        x.normal_()
+        chain()
+        torch.cuda.synchronize()
+        check()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):
+        x.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        check()
+
+
 @pytest.mark.parametrize("cfg", [c for c in DEFAULT_CONFIGS + EXTRA_CONFIGS
                                  if c.tile_n in (192, 224)], ids=lambda c: c.name)
 @pytest.mark.parametrize("b_t", [False, True])
