@@ -10,16 +10,17 @@ graphs: ``mode="max-autotune"``, ``"reduce-overhead"`` for Inductor's default) a
 ``train`` (2 x 2048 tokens, forward and backward of ``logits.float().square().mean()``).
 Variants: ``eager``, ``default`` (torch.compile), ``max-autotune`` (ATEN,TRITON) and
 ``cutedsl`` (ATEN,TRITON,CUTEDSL; ``--fusion`` on and/or off, default: the package's
-``config.epilogue_fusion``; ``--pdl`` on and/or off, default: ``config.gemm_pdl``); ``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion as ``cutedsl``)
-runs only when named, to tell what Triton's choices beside ours change.
+``config.epilogue_fusion``; ``--pdl`` on and/or off, default: ``config.gemm_pdl``);
+``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion and PDL as ``cutedsl``) runs only when named,
+to tell what Triton's choices beside ours change.
 
 Each measurement runs in a process of its own (``python -m cutedsl_inductor.bench.model
 --child CASE``) with fresh Inductor and kernel caches: its first call is the cold figure;
 a second process on the same caches gives the warm one (and must hit the FX graph cache,
 compile no CuTe kernel and autotune nothing). ``cutedsl`` with fusion off shares the
-caches of fusion on (its first call is not a cold figure), and so does each ``--pdl`` setting
-after the first. ms per step: the median of
-``--steps`` CUDA-event-timed calls after warm-ups. Every output (logits; for ``train``
+caches of fusion on (its first call is not a cold figure), and so does each ``--pdl``
+setting after the first. ms per step: the median of ``--steps`` CUDA-event-timed calls
+after warm-ups. Every output (logits; for ``train``
 the loss and every parameter's gradient) is checked against an fp32 copy of the model:
 its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
 for ``train`` a second step must also double the gradients (accumulation into them);

@@ -185,8 +185,9 @@ class GemmConfig:
         """Short stable name, e.g. ``t128x256x64_c2x1_coop_rm`` (``_pp_`` for ping-pong,
         ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu``
         for the two-weight kernel, ``_g4`` for a raster band of 4 clusters instead of
-        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A, ``_pdl`` for programmatic
-        dependent launch, ``_direct`` for the direct store where swap-AB does not imply it)."""
+        ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A,
+        ``_pdl`` for programmatic dependent launch, ``_direct`` for the direct store where
+        swap-AB does not imply it)."""
         consumers = "pp" if self.pingpong else ("coop" if self.cooperative else "1wg")
         return "".join([
             f"t{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}",
