@@ -20,7 +20,8 @@ a second process on the same caches gives the warm one (and must hit the FX grap
 compile no CuTe kernel and autotune nothing). ``cutedsl`` with fusion off shares the
 caches of fusion on (its first call is not a cold figure), and so does each ``--pdl``
 setting after the first. ms per step: the median of ``--steps`` CUDA-event-timed calls
-after warm-ups. Every output (logits; for ``train``
+after warm-ups; host ms per step (``host_ms``): of 8-step bursts timed without synchronizing,
+so that a step near its ms is host-bound. Every output (logits; for ``train``
 the loss and every parameter's gradient) is checked against an fp32 copy of the model:
 its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
 for ``train`` a second step must also double the gradients (accumulation into them);
@@ -199,6 +200,7 @@ def measure(case: Case) -> dict[str, Any]:
             error = max(error, _rel_errors(_outputs(model, result, train)[1:], doubled))
         del result, outputs
         ms = _median_step_ms(lambda: _step(runner, ids, train), model, case)
+        host_ms = _host_step_ms(lambda: _step(runner, ids, train), model)
         gpu = (profile_steps(lambda: _step(runner, ids, train),
                              lambda: model.zero_grad(set_to_none=True), case.profile, ms)
                if case.profile else {})
@@ -206,6 +208,7 @@ def measure(case: Case) -> dict[str, Any]:
         model.zero_grad(set_to_none=True)
         error = max(error, _rel_errors(_outputs(model, _step(runner, ids, train), train), refs))
     return {**dataclasses.asdict(case), "tokens": f"{batch}x{seq}", "ms": ms,
+            "host_ms": host_ms,
             "first_call_s": first_call_s, "rel_err": error, "rel_err_eager": eager_error,
             "ok": error <= 2 * eager_error + 1e-3,
             "cute_compiled": compiler.stats["compiled"],
@@ -233,6 +236,25 @@ def _median_step_ms(step: Any, model: Any, case: Case) -> float:
         torch.cuda.synchronize()
         if index >= case.warmup:
             times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _host_step_ms(step: Any, model: Any, burst: int = 8, rounds: int = 10) -> float:
+    """Host ms per step: the median over ``rounds`` of ``burst`` back-to-back steps timed
+    without synchronizing, the GPU idle at each round's start. A burst stays under the
+    launch queue's depth (about a thousand launches), so the host never waits for the GPU:
+    a step whose host ms is near its ms is host-bound."""
+    import torch
+
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(burst):
+            model.zero_grad(set_to_none=True)
+            step()
+        times.append((time.perf_counter() - start) / burst * 1e3)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 

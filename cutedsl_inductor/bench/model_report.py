@@ -39,7 +39,8 @@ def settings(row: dict[str, Any]) -> str:
 def line(row: dict[str, Any]) -> str:
     warm = f" / {row['first_call_warm_s']:.1f}" if "first_call_warm_s" in row else ""
     return (f"{row['family']:6} {row['workload']:13} {row['tokens']:>8} "
-            f"{row['variant'] + settings(row):22} {row['ms']:9.3f} ms  first call "
+            f"{row['variant'] + settings(row):22} {row['ms']:9.3f} ms (host {row['host_ms']:.3f})"
+            f"  first call "
             f"{row['first_call_s']:6.1f}{warm} s ({row['caches']})  CuTe kernels "
             f"{row['cute_kernels']}  rel err {row['rel_err']:.2e} (eager "
             f"{row['rel_err_eager']:.2e}) {'ok' if row['ok'] else 'WRONG'}")
