@@ -285,9 +285,7 @@ def translate_modification(subgraph: Any, output_name: str | None,
         return translate_scatters(body, index_vars, dtypes, captures, prefix, mask)
     if not output_name.isidentifier():
         raise _unsupported("modification", f"output name {output_name!r} is not an identifier")
-    inner = body
-    while isinstance(inner, (ir.TensorBox, ir.StorageBox, ir.ComputedBuffer)):
-        inner = inner.data
+    inner = _returned(body)
     if isinstance(inner, ir.InputBuffer):  # the subgraph returns a placeholder unchanged
         inner = inner.make_loader()
     elif not isinstance(inner, ir.Pointwise) or list(inner.get_size()):
@@ -302,6 +300,22 @@ def translate_modification(subgraph: Any, output_name: str | None,
         result, dtype = handler._to(result, torch.float32), torch.float32
     lines = [*handler.lines, f"{output_name} = {result}"]
     return Modification(lines, dtype, list(handler.captured))
+
+
+def _returned(body: Any) -> Any:
+    """What a subgraph's body computes: its ``Pointwise``, or the placeholder's
+    ``InputBuffer`` it returns unchanged."""
+    while isinstance(body, (ir.TensorBox, ir.StorageBox, ir.ComputedBuffer)):
+        body = body.data
+    return body
+
+
+def returned_placeholder(subgraph: Any) -> str | None:
+    """The name of the placeholder ``subgraph`` (a ``ModificationSubgraph`` or the bare
+    body) returns unchanged, e.g. "score" for flex's identity score_mod; else None."""
+    body = subgraph.body if isinstance(subgraph, ModificationSubgraph) else subgraph
+    inner = _returned(body)
+    return inner.get_name() if isinstance(inner, ir.InputBuffer) else None
 
 
 def translate_scatters(body: Any, index_vars: Mapping[str, str],

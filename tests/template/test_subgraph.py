@@ -14,7 +14,7 @@ from torch._inductor import ir
 
 from cutedsl_inductor import CuteDSLTemplate
 from cutedsl_inductor.exc import SubgraphError
-from cutedsl_inductor.template.subgraph import ModificationSubgraph
+from cutedsl_inductor.template.subgraph import ModificationSubgraph, returned_placeholder
 from tests.helpers import make_input, make_layout
 
 B, H, S = 2, 4, 16
@@ -226,6 +226,16 @@ def test_a_captured_0d_tensor_is_read_at_0(graph):
 def test_identity_score_mod_returns_the_score(graph):
     kernel, _ = choice_text(choice_for(graph, score_mod=lambda score, b, h, q, kv: score))
     assert "modified = mod0_0_0" in kernel and "mod0_0_0 = (score)" in kernel
+
+
+@pytest.mark.parametrize("score_mod, returned", [(None, "score"), (alibi, None),
+                                               (soft_cap, None)])
+def test_returned_placeholder_names_a_placeholder_returned_unchanged(graph, score_mod,
+                                                                     returned):
+    score_gm, _, caps, _ = traced(score_mod)
+    subgraph, _ = lowered_subgraph(graph, score_gm, SCORE_PLACEHOLDERS, caps, "score_capture")
+    assert returned_placeholder(subgraph) == returned
+    assert returned_placeholder(subgraph.body) == returned
 
 
 def test_many_ops_translate(graph):
