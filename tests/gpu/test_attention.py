@@ -302,6 +302,8 @@ def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
                                        device="cuda")
     grads = run_ours_backward(q, k, v, grad_out, score_mod, block_mask)
     assert OURS_BWD in grads[3], "our backward kernel is not in the output code"
+    plain = f"PLAIN_SCORES: cutlass.Constexpr = {score_mod is None}"
+    assert plain in grads[3], "plain scores (P in fp32, no exp2 for dS) without a score_mod"
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     out, _ = reference(*ref, 1.0 / math.sqrt(head_dim), score_mod, mask_mod)
     out.backward(grad_out.double())

@@ -13,7 +13,9 @@ writes grad_key (the output: (Q batch, KV heads, KV_LEN, D), Inductor sums a bro
 KV batch) and grad_query, grad_value and the captured tensors' gradient buffers (the
 mutated inputs: the lowering's autotuning inputs end with those buffers, fp32, zeroed by
 Inductor's ``zeros_and_scatter`` lowering before the kernel, and cast by the lowering
-to a 16-bit captured tensor's dtype after it).
+to a 16-bit captured tensor's dtype after it). ``PLAIN_SCORES`` (the kernel's
+``plain_scores``) is set where subgraph 0 returns its ``score`` placeholder and subgraph 1
+its ``grad_score_mod`` unchanged.
 
 ``flex_bwd_choices(choices, nodes, layout, subgraphs, options)`` checks that the problem
 suits the kernels and appends one choice per config; otherwise it returns the reason
@@ -32,7 +34,7 @@ from typing import Any
 from torch._inductor import ir
 
 from ... import config
-from ...template.subgraph import ModificationSubgraph
+from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex_bwd  # noqa: F401  (the rendered module imports it: fail early)
 from .bwd_config import FlexBwdConfig, default_bwd_configs
@@ -51,6 +53,7 @@ from cutedsl_inductor.kernels.attention.sm90_flex_bwd import Sm90FlexBackward
 
 class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
     captured_grads = CAPTURED_GRADS
+    plain_scores = PLAIN_SCORES
 
     @cute.jit
     def score_mod(self, score, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures):
@@ -159,6 +162,9 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
     dtypes = joint.input_dtypes  # the joint graph's placeholders: the scatters' too
     names = [buf.get_name() for buf in scatters]
     grads = [n for n in nodes if n.get_name() in names]
+    # the score_mod returns the score and its gradient the incoming one: P once, in fp32
+    plain = (returned_placeholder(score) == "score"
+             and returned_placeholder(joint) == "grad_score_mod")
     errors = []
     configs = configs[:config.flex_max_configs]
     for cfg in configs:
@@ -166,7 +172,7 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
             choices, input_nodes=list(nodes), layout=layout,
             mutated_inputs=[nodes[6], nodes[7], *grads],
             subgraphs=[score, joint, subgraphs[2], ModificationSubgraph(scatters, dtypes)],
-            CAPTURED_GRADS=bool(scatters), **bwd_params_of(cfg))
+            CAPTURED_GRADS=bool(scatters), PLAIN_SCORES=plain, **bwd_params_of(cfg))
         if error is not None:
             errors.append(str(error))
     return "; ".join(errors) if len(errors) == len(configs) else None

@@ -17,12 +17,21 @@ GEMM is issued before dS^T is computed, so each elementwise pass overlaps a GEMM
 register an in-flight WGMMA reads or writes is touched before its wait); serial: both
 waited for, then both elementwise passes, then both GEMMs. The end stores dK * scale and dV
 (rows below KV_LEN) into the (Q batch, KV head) slices: a broadcast KV batch is summed
-by Inductor's lowering, GQA's Q heads inside the CTA.
+by Inductor's lowering, GQA's Q heads inside the CTA. Each Q tile's LSE and delta go
+through shared memory, a row of Q_STEP pairs per consumer warp (staged by the warp's own
+lanes between two warp syncs, once the tile's GEMMs are issued), not in registers: at head
+dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers.
 
 dQ kernel: one CTA per (128-row Q tile, Q head, batch), the forward's shape and
 BlockMask walk (``kv_num_blocks``/``kv_indices``, full blocks): Q and dO resident, K and V
 in a ring of 64-row tiles; S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K as MN-major
 B through a transposed view); dQ * scale stored (rows below Q_LEN).
+
+Plain scores (``plain_scores``: the score_mod is the identity and its gradient the incoming
+one): P^T is computed once and kept in fp32, dS^T = P^T (dP^T - delta) with no second
+exp2 (else the score's gradient needs the post-mod score, recomputed). Only partial tiles
+and tiles crossing Q_LEN or KV_LEN apply mask_mod and the bounds; interior full tiles skip
+both.
 
 Invariants: LSE is in log2 units, as the forward stores it (``Sm90FlexAttention``): P =
 exp2(post_mod * log2e - LSE); a row's LSE of -inf (no key reached it) reads as 0, so
@@ -58,6 +67,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
 from .sm90_flex import LOG2E, THREADS_PER_WG, WG_M, _as_a_operand, in_range
+
+CONSUMER_WARPS = 8  # two consumer warpgroups
 
 __all__ = ["Sm90FlexBackward"]
 
@@ -119,6 +130,9 @@ class Sm90FlexBackward:
         return cutlass.Boolean(True)
 
     captured_grads = False  # whether grad_captures adds anything (the template says)
+    # the score_mod and its gradient are identities (the template says): P is computed
+    # once, kept in fp32 for dS, and no index reaches a hook outside the mask
+    plain_scores = False
 
     @cute.jit
     def grad_captures(self, score, grad, b_idx, h_idx, q_idx, kv_idx, keep, captures):
@@ -207,18 +221,23 @@ class Sm90FlexBackward:
             sA1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(resident)], 1024]
             sB0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ring)], 1024]
             sB1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ring)], 1024]
+            # each consumer warp's LSE and delta of its Q tile (the dK/dV kernel's)
+            stats: cute.struct.Align[cute.struct.MemRange[cutlass.Float32,
+                                                          CONSUMER_WARPS * 2 * Q_STEP], 16]
 
         self.smem_struct = BwdSmem
 
     def _smem(self, resident, ring):
-        """(resident pipeline, ring pipeline, the two resident and two ring tensors)."""
+        """(resident pipeline, ring pipeline, the two resident and two ring tensors, the
+        stats rows: (Q_STEP, (LSE | delta, consumer warp)))."""
         smem = SmemAllocator().allocate(self.smem_struct)
         return (_pipeline(smem.resident_bars.data_ptr(), 1, 4 * self.tile_bytes),
                 _pipeline(smem.ring_bars.data_ptr(), self.stages, 2 * self.tile_bytes),
                 smem.sA0.get_tensor(resident.outer, swizzle=resident.inner),
                 smem.sA1.get_tensor(resident.outer, swizzle=resident.inner),
                 smem.sB0.get_tensor(ring.outer, swizzle=ring.inner),
-                smem.sB1.get_tensor(ring.outer, swizzle=ring.inner))
+                smem.sB1.get_tensor(ring.outer, swizzle=ring.inner),
+                smem.stats.get_tensor(cute.make_layout((Q_STEP, (2, CONSUMER_WARPS)))))
 
     # ------------------------------------------------------- BlockMask walk
     @cute.jit
@@ -287,43 +306,74 @@ class Sm90FlexBackward:
 
     # ---------------------------------------------------------- elementwise
     @cute.jit
-    def keep_scores(self, acc_s, rP, cS, lse, transposed, is_partial, q_base, kv_base,
+    def keep_scores(self, acc_s, rP, cS, lse, transposed, is_partial, edge, q_base, kv_base,
                     b_idx, h_idx, captures):
-        """acc_s <- the scaled score where kept (in bounds, mask_mod True in partial
-        blocks), -inf elsewhere; rP (where given) <- P in the input dtype. Partial or not
-        is chosen once per tile, not per element, so that a row's (a column's) captured
-        reads are one load, shared."""
-        args = (acc_s, rP, cS, lse, transposed, q_base, kv_base, b_idx, h_idx, captures)
-        if is_partial:
+        """acc_s <- P where ``plain_scores``, else the scaled score where kept (in bounds,
+        mask_mod True in partial blocks) and -inf elsewhere; rP (where given) <- P in the
+        input dtype. The mask and the bounds are worked out only in a partial block's
+        tile or one reaching past Q_LEN or KV_LEN (``edge``), chosen once per tile, not
+        per element, so that a row's (a column's) captured reads are one load, shared."""
+        args = (acc_s, rP, cS, lse, transposed, is_partial, q_base, kv_base, b_idx, h_idx,
+                captures)
+        if is_partial | edge:
             self.keep_tile_scores(*args, True)
         else:
             self.keep_tile_scores(*args, False)
 
     @cute.jit
-    def keep_tile_scores(self, acc_s, rP, cS, lse, transposed, q_base, kv_base, b_idx, h_idx,
-                         captures, masked: cutlass.Constexpr):
-        """``keep_scores`` of a partial (``masked``) or a full block's tile."""
+    def keep_tile_scores(self, acc_s, rP, cS, lse, transposed, is_partial, q_base, kv_base,
+                         b_idx, h_idx, captures, checked: cutlass.Constexpr):
+        """``keep_scores`` of a tile that needs the mask or the bounds (``checked``), or of
+        a full block's tile inside both lengths (every element kept)."""
         scale = self.config.sm_scale
         neg_inf = -cutlass.Float32.inf
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            in_bounds, q_idx, kv_idx = self._in_range(
-                *self._coords(cS[i], transposed, q_base, kv_base))
-            pre = acc_s[i] * scale
-            keep = in_bounds
-            if cutlass.const_expr(masked):
-                keep = keep & self.mask_mod(b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
-            if cutlass.const_expr(rP is not None):
-                post = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds, captures)
-                arg = cutlass.select_(keep, post * LOG2E, neg_inf) - lse[self._stat(i, transposed)]
-                rP[i] = cute.math.exp2(arg, fastmath=True).to(self.dtype)
-            acc_s[i] = cutlass.select_(keep, pre, neg_inf)
+            q_idx, kv_idx = self._coords(cS[i], transposed, q_base, kv_base)
+            in_bounds = cutlass.Boolean(True)
+            keep = cutlass.Boolean(True)
+            if cutlass.const_expr(checked):
+                in_bounds, q_idx, kv_idx = self._in_range(q_idx, kv_idx)
+                keep = in_bounds & (self.mask_mod(b_idx, h_idx, q_idx, kv_idx, in_bounds,
+                                                  captures) | ~is_partial)
+            lse_i = lse[self._stat(i, transposed)]
+            if cutlass.const_expr(self.plain_scores):
+                arg = acc_s[i] * (scale * LOG2E)
+                if cutlass.const_expr(checked):
+                    arg = cutlass.select_(keep, arg, neg_inf)
+                acc_s[i] = cute.math.exp2(arg - lse_i, fastmath=True)
+                if cutlass.const_expr(rP is not None):
+                    rP[i] = acc_s[i].to(self.dtype)
+            else:
+                pre = acc_s[i] * scale
+                if cutlass.const_expr(rP is not None):
+                    arg = self.score_mod(pre, b_idx, h_idx, q_idx, kv_idx, in_bounds,
+                                         captures) * LOG2E
+                    if cutlass.const_expr(checked):
+                        arg = cutlass.select_(keep, arg, neg_inf)
+                    rP[i] = cute.math.exp2(arg - lse_i, fastmath=True).to(self.dtype)
+                if cutlass.const_expr(checked):
+                    pre = cutlass.select_(keep, pre, neg_inf)
+                acc_s[i] = pre
 
     @cute.jit
     def score_grads(self, acc_s, acc_dp, cS, lse, delta, transposed, q_base, kv_base, b_idx,
                     h_idx, captures, add_grads):
-        """acc_dp <- dS = joint(P * (dP - delta)) where kept (acc_s > -inf), else 0; with
+        """acc_dp <- dS: P (dP - delta) where ``plain_scores`` (acc_s holds P, 0 where not
+        kept), else joint(P (dP - delta)) where kept (acc_s > -inf) and 0 elsewhere; with
         ``add_grads`` (the dK/dV kernel's, constexpr) each kept element's share of the
         captured tensors' gradients is added too."""
+        if cutlass.const_expr(self.plain_scores):
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                acc_dp[i] = acc_s[i] * (acc_dp[i] - delta[self._stat(i, transposed)])
+        else:
+            self.modified_score_grads(acc_s, acc_dp, cS, lse, delta, transposed, q_base,
+                                      kv_base, b_idx, h_idx, captures, add_grads)
+
+    @cute.jit
+    def modified_score_grads(self, acc_s, acc_dp, cS, lse, delta, transposed, q_base, kv_base,
+                             b_idx, h_idx, captures, add_grads):
+        """``score_grads`` through the score_mod and its gradient: P recomputed from the
+        kept scaled score."""
         neg_inf = -cutlass.Float32.inf
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             in_bounds, q_idx, kv_idx = self._in_range(
@@ -360,11 +410,11 @@ class Sm90FlexBackward:
         return (i % 2) + 2 * (i // 4) if transposed else (i // 2) % 2
 
     @cute.jit
-    def load_stats(self, mLSE, mDelta, cS, transposed, q_base, b_idx, h_idx, lse, delta):
-        """This thread's queries' LSE (-inf read as 0) and delta; 0 past Q_LEN."""
+    def load_stats(self, mLSE, mDelta, cS, q_base, b_idx, h_idx, lse, delta):
+        """The LSE (-inf read as 0) and delta of this thread's two query rows of an S tile
+        (the dQ kernel's); 0 past Q_LEN."""
         for k in cutlass.range_constexpr(cute.size(lse)):
-            i = (k % 2) + 4 * (k // 2) if transposed else 2 * k
-            q_idx, _ = self._coords(cS[i], transposed, q_base, 0)
+            q_idx, _ = self._coords(cS[2 * k], False, q_base, 0)
             value = cutlass.Float32(0.0)
             change = cutlass.Float32(0.0)
             if q_idx < self.q_len:
@@ -372,6 +422,33 @@ class Sm90FlexBackward:
                 change = cutlass.Float32(mDelta[b_idx, h_idx, q_idx])
             lse[k] = cutlass.select_(value == -cutlass.Float32.inf, cutlass.Float32(0.0), value)
             delta[k] = change
+
+    @cute.jit
+    def stage_stats(self, mLSE, mDelta, q_base, b_idx, h_idx, s_stats):
+        """The warp's stats rows <- the LSE (-inf read as 0) and delta of the Q tile at
+        ``q_base`` (0 past Q_LEN), two of each a lane. The warp's reads of the previous
+        tile's rows are behind the first ``sync_warp``, its writes before the second."""
+        cute.arch.sync_warp()
+        for j in cutlass.range_constexpr(Q_STEP // 32):
+            col = cute.arch.lane_idx() + 32 * j
+            q_idx = q_base + col
+            inside = q_idx < self.q_len
+            q_idx = cutlass.select_(inside, q_idx, cutlass.Int32(0))
+            lse = cutlass.select_(inside, cutlass.Float32(mLSE[b_idx, h_idx, q_idx]),
+                                  cutlass.Float32(0.0))
+            s_stats[col, 0] = cutlass.select_(lse == -cutlass.Float32.inf,
+                                              cutlass.Float32(0.0), lse)
+            s_stats[col, 1] = cutlass.select_(inside, cutlass.Float32(mDelta[b_idx, h_idx, q_idx]),
+                                              cutlass.Float32(0.0))
+        cute.arch.sync_warp()
+
+    @staticmethod
+    def thread_stats(row, cS):
+        """A stats row as this thread's 16 values of the transposed S^T tile, indexed as
+        ``_stat`` indexes them: column pairs (2 c, 2 c + 1) of the 8 8-column blocks,
+        from the thread's first column on."""
+        return cute.make_tensor(row.iterator + cS[0][1],
+                                cute.make_layout((2, Q_STEP // 8), stride=(1, 8)))
 
     @cute.jit
     def store_rows(self, acc, coords, out, row_base, rows, b_idx, h_idx, scale):
@@ -418,7 +495,7 @@ class Sm90FlexBackward:
         if warp == 0:
             for atom in (tma_k, tma_v, tma_q, tma_do):
                 cpasync.prefetch_descriptor(atom)
-        kv_pipe, q_pipe, sK, sV, sQ, sdO = self._smem(resident, ring)
+        kv_pipe, q_pipe, sK, sV, sQ, sdO, s_stats = self._smem(resident, ring)
         sparse = (q_num, q_idx, full_q_num, full_q_idx)
         if warp // 4 == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -441,12 +518,14 @@ class Sm90FlexBackward:
                 q_pipe.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
+            stats = s_stats[None, (None, warp - 4)]
             self.consumer_dkdv(kv_pipe, q_pipe, (sK, sV, sQ, sdO), mma_ss, mma_rs, tidx,
-                               n_tile, hkv, b_idx, mdK, mdV, mLSE, mDelta, sparse, captures)
+                               n_tile, hkv, b_idx, mdK, mdV, (mLSE, mDelta, stats), sparse,
+                               captures)
 
     @cute.jit
     def consumer_dkdv(self, kv_pipe, q_pipe, tiles, mma_ss, mma_rs, tidx, n_tile, hkv, b_idx,
-                      mdK, mdV, mLSE, mDelta, sparse, captures):
+                      mdK, mdV, stats, sparse, captures):
         sK, sV, sQ, sdO = tiles
         wg = tidx // THREADS_PER_WG
         ss_thr = mma_ss.get_slice(tidx % THREADS_PER_WG)
@@ -476,7 +555,7 @@ class Sm90FlexBackward:
                                                   self.q_steps_per_block)
                 q_pipe.consumer_wait(state)
                 self.dkdv_step(frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, state.index, wg,
-                               is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, mLSE, mDelta,
+                               is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, stats,
                                captures)
                 q_pipe.consumer_release(state)
                 state.advance()
@@ -486,17 +565,20 @@ class Sm90FlexBackward:
 
     @cute.jit
     def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
-                  q_base, kv_base, b_idx, h_idx, mLSE, mDelta, captures):
-        """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q."""
+                  q_base, kv_base, b_idx, h_idx, stats, captures):
+        """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q. The
+        tile's LSE and delta go through the warp's stats rows in shared memory, loaded
+        while S^T and dP^T run: in registers (16 of each a thread) they left the
+        accumulators too few at head dim 128."""
         tSrK, tSrV, tSrQ, tSrdO, tKrQt, tVrdOt = frags
         acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WG_M, Q_STEP)), cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
         cS = ss_thr.partition_C(cute.make_identity_tensor((WG_M, Q_STEP)))
-        lse = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
-        delta = cute.make_rmem_tensor(cute.make_layout(Q_STEP // 4), cutlass.Float32)
-        self.load_stats(mLSE, mDelta, cS, True, q_base, b_idx, h_idx, lse, delta)
+        mLSE, mDelta, s_stats = stats
+        lse, delta = (self.thread_stats(s_stats[None, j], cS) for j in range(2))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
         rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
+        edge = (kv_base + WG_M > self.kv_len) | (q_base + Q_STEP > self.q_len)
         warpgroup.fence()
         self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
         if cutlass.const_expr(self.config.pipelined):
@@ -505,9 +587,10 @@ class Sm90FlexBackward:
             warpgroup.commit_group()
             self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
             warpgroup.commit_group()
+            self.stage_stats(mLSE, mDelta, q_base, b_idx, h_idx, s_stats)
             warpgroup.wait_group(1)  # S^T is in
-            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx,
-                             h_idx, captures)
+            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, edge, q_base, kv_base,
+                             b_idx, h_idx, captures)
             warpgroup.fence()
             self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
             warpgroup.commit_group()
@@ -515,9 +598,10 @@ class Sm90FlexBackward:
         else:
             self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
             warpgroup.commit_group()
+            self.stage_stats(mLSE, mDelta, q_base, b_idx, h_idx, s_stats)
             warpgroup.wait_group(0)
-            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, q_base, kv_base, b_idx,
-                             h_idx, captures)
+            self.keep_scores(acc_s, rP, cS, lse, True, is_partial, edge, q_base, kv_base,
+                             b_idx, h_idx, captures)
         self.score_grads(acc_s, acc_dp, cS, lse, delta, True, q_base, kv_base, b_idx, h_idx,
                          captures, True)
         rdS.store(acc_dp.load().to(self.dtype))
@@ -543,7 +627,7 @@ class Sm90FlexBackward:
         if warp == 0:
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
-        q_pipe, kv_pipe, sQ, sdO, sK, sV = self._smem(resident, ring)
+        q_pipe, kv_pipe, sQ, sdO, sK, sV, _ = self._smem(resident, ring)
         blocks = self.block_list((kv_num, kv_idx, full_kv_num, full_kv_idx), m_tile, Q_TILE,
                                  self.config.sparse_q_block, h_idx, b_idx)
         l_idx = h_idx + self.heads * b_idx
@@ -588,7 +672,7 @@ class Sm90FlexBackward:
         q_base = m_tile * Q_TILE + (wg - 1) * WG_M
         lse = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         delta = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        self.load_stats(mLSE, mDelta, cS, False, q_base, b_idx, h_idx, lse, delta)
+        self.load_stats(mLSE, mDelta, cS, q_base, b_idx, h_idx, lse, delta)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_pipe.consumer_wait(q_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -602,8 +686,9 @@ class Sm90FlexBackward:
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             kv_base = n_tile * KV_STEP
-            self.keep_scores(acc_s, None, cS, lse, False, is_partial, q_base, kv_base, b_idx,
-                             h_idx, captures)
+            edge = (q_base + WG_M > self.q_len) | (kv_base + KV_STEP > self.kv_len)
+            self.keep_scores(acc_s, None, cS, lse, False, is_partial, edge, q_base, kv_base,
+                             b_idx, h_idx, captures)
             self.score_grads(acc_s, acc_dp, cS, lse, delta, False, q_base, kv_base, b_idx,
                              h_idx, captures, False)
             rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)

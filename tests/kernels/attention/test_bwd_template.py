@@ -209,6 +209,20 @@ def test_refusals_say_why(graph, kwargs, options, subgraphs, reason):
     assert choices == []
 
 
+@pytest.mark.parametrize("mods, learnable, plain", [
+    ("none", None, True), ("causal", None, True), ("document", None, True),
+    ("alibi", None, False), ("soft_cap", None, False), ("none", "temperature", False)])
+def test_plain_scores_only_where_the_score_mod_is_the_identity(graph, mods, learnable,
+                                                               plain):
+    """PLAIN_SCORES (P computed once and kept in fp32, dS = P (dP - delta) with no second
+    exp2) holds only where the score_mod returns its score and the joint graph the
+    incoming gradient unchanged."""
+    nodes, layout, subgraphs = bwd_inputs(graph, mods=MODS[mods], learnable=learnable)
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert f"PLAIN_SCORES: cutlass.Constexpr = {plain}" in choices[0].source
+
+
 def kernel_text(choice):
     """The rendered module's text before the entry."""
     return choice.source.split("@cute.jit\ndef cutedsl_sm90_flex_attention_bwd")[0]

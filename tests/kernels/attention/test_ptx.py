@@ -1,4 +1,4 @@
-"""The FlexAttention kernels' PTX, from real GPU-less compiles (``CUTE_DSL_KEEP=ptx``,
+"""The FlexAttention kernels' PTX, from real GPU-less compiles (``CUTE_DSL_KEEP=ptx,cubin``,
 read when CuTe DSL is imported: a subprocess).
 
 Captured reads: one load per row, column or CTA where the index depends on the query,
@@ -6,15 +6,19 @@ the key or the head alone, not one per element (the kernels hand the hooks in-ra
 indices and choose partial or full once per tile, so the rendered reads need no
 per-element guard or branch); counted as ``ld.global``: with a guard or a branch per
 element the forward's document mask had 264, its ALiBi 140, the backward's dK/dV and dQ
-kernels 104 and 74.
+kernels 104 and 74 (dK/dV: 58 while each thread loaded its rows' LSE and delta itself,
+before they were staged in shared memory once per warp).
 
 The backward's dK/dV step, pipelined: S^T and dP^T in commit groups of their own, P^T
 computed after ``wait_group 1`` (dP^T still running), dV's GEMM issued before dS^T is
-computed after a second ``wait_group 1``; serial (``flex_pipelined`` off): one wait for
-both, the two GEMMs after."""
+computed after a second ``wait_group 1``; with plain scores (no score_mod) dS^T needs no
+exp2 of its own. Serial (``flex_pipelined`` off): one wait for both, the two GEMMs after.
+
+Registers (the cubins' resource usage, by ``cuobjdump``): no stack frame."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +37,7 @@ from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.kernels.attention import test_bwd_template as bwd, test_template as fwd
 
 runs = [("fwd", "document", True), ("fwd", "alibi", True), ("bwd", "document", True),
-        ("bwd", "causal", False)]
+        ("bwd", "alibi", True), ("bwd", "causal", False)]
 for direction, mods, pipelined in runs:
     with config.patch(disk_cache=False, flex_pipelined=pipelined), \
             V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
@@ -46,31 +50,40 @@ for direction, mods, pipelined in runs:
         print(f"{direction}-{mods}{'' if pipelined else '-serial'}", choices[0].name)
 """
 
-# the most ld.global each kernel may have (now: 76, 12, 58, 28)
+# the most ld.global each kernel may have (now: 76, 12, 30, 28)
 BOUNDS = {("fwd-document", "flex_attention"): 100, ("fwd-alibi", "flex_attention"): 16,
-          ("bwd-document", "dkdv"): 70, ("bwd-document", "dq"): 40}
+          ("bwd-document", "dkdv"): 40, ("bwd-document", "dq"): 40}
 WGMMA = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)|(wgmma\.commit_group)|"
                    r"(wgmma\.mma_async)|(ex2\.approx)")
 
 
+def _kernel(entry_name):
+    return ("dq" if "_dq_" in entry_name else "dkdv" if "_dkdv_" in entry_name
+            else "flex_attention")
+
+
 @pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    """{(label, kernel): PTX of that entry} of the compiles SCRIPT runs."""
+def compiled(tmp_path_factory):
+    """({label: the choice's name}, the folder holding each choice's PTX and cubin)."""
     dump = tmp_path_factory.mktemp("ptx")
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin",
            "CUTE_DSL_DUMP_DIR": str(dump), "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     choice_of = dict(line.split() for line in run.stdout.splitlines() if line.count(" ") == 1)
+    return choice_of, dump
+
+
+@pytest.fixture(scope="module")
+def entries(compiled):
+    """{(label, kernel): PTX of that entry} of the compiles SCRIPT runs."""
+    choice_of, dump = compiled
     found = {}
     for label, name in choice_of.items():
         (ptx,) = dump.glob(f"cutlass_{name}_main_*.ptx")  # CuTe names it by the entry
         for entry in re.split(r"\.entry ", ptx.read_text())[1:]:
-            entry_name = entry.split("(", 1)[0]
-            kernel = ("dq" if "_dq_" in entry_name else "dkdv" if "_dkdv_" in entry_name
-                      else "flex_attention")
-            found[label, kernel] = entry
+            found[label, _kernel(entry.split("(", 1)[0])] = entry
     return found
 
 
@@ -92,5 +105,40 @@ def _order(ptx):
 
 
 def test_the_backward_overlaps_p_and_ds_with_its_gemms(entries):
-    assert _order(entries["bwd-document", "dkdv"]) == "M C M C W1 e M C W1 e M C W0"
+    # a score_mod: P^T's exp2 while dP^T runs, the score's gradient's while dV's GEMM runs
+    assert _order(entries["bwd-alibi", "dkdv"]) == "M C M C W1 e M C W1 e M C W0"
+    # plain scores: P^T kept in fp32, dS^T = P^T (dP^T - delta) with no exp2 of its own
+    assert _order(entries["bwd-document", "dkdv"]) == "M C M C W1 e M C W1 M C W0"
     assert _order(entries["bwd-causal-serial", "dkdv"]) == "M C W0 e M C W0"
+
+
+def _cuobjdump():
+    """NVIDIA's cuobjdump: on PATH, or from the ``nvidia-cuda-cuobjdump`` wheel (test extras)."""
+    found = shutil.which("cuobjdump")
+    if found is None:
+        try:
+            import nvidia
+        except ImportError:
+            return None
+        found = next((str(p) for root in nvidia.__path__
+                      for p in Path(root).glob("cu*/bin/cuobjdump")), None)
+    return found
+
+
+def test_the_backward_keeps_its_values_in_registers(compiled):
+    """No stack frame in the head-dim-128 backward kernels: with a mask (document) and with
+    a score_mod (ALiBi) the dK/dV consumer holds dK, dV, S^T, dP^T, P^T and dS^T in its 240
+    registers, the rows' LSE and delta staged in shared memory (spilled before: a stack of
+    208 and 312 bytes)."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
+    choice_of, dump = compiled
+    stacks = {}
+    for label in ("bwd-document", "bwd-alibi"):
+        (cubin,) = dump.glob(f"cutlass_{choice_of[label]}_main_*.cubin")
+        usage = subprocess.run([tool, "--dump-resource-usage", str(cubin)], check=True,
+                               capture_output=True, text=True).stdout
+        for name, stack in re.findall(r"Function (\S+):\s+REG:\d+ STACK:(\d+)", usage):
+            stacks[label, _kernel(name)] = int(stack)
+    assert len(stacks) == 4 and not any(stacks.values()), f"stack bytes per kernel: {stacks}"
