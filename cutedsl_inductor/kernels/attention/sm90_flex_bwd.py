@@ -131,7 +131,7 @@ class Sm90FlexBackward:
 
     captured_grads = False  # whether grad_captures adds anything (the template says)
     # the score_mod and its gradient are identities (the template says): P is computed
-    # once, kept in fp32 for dS, and no index reaches a hook outside the mask
+    # once and kept in fp32 for dS
     plain_scores = False
 
     @cute.jit
@@ -411,36 +411,34 @@ class Sm90FlexBackward:
 
     @cute.jit
     def load_stats(self, mLSE, mDelta, cS, q_base, b_idx, h_idx, lse, delta):
-        """The LSE (-inf read as 0) and delta of this thread's two query rows of an S tile
-        (the dQ kernel's); 0 past Q_LEN."""
+        """The LSE and delta of this thread's two query rows of an S tile (the dQ
+        kernel's), as ``row_stats`` reads them."""
         for k in cutlass.range_constexpr(cute.size(lse)):
             q_idx, _ = self._coords(cS[2 * k], False, q_base, 0)
-            value = cutlass.Float32(0.0)
-            change = cutlass.Float32(0.0)
-            if q_idx < self.q_len:
-                value = cutlass.Float32(mLSE[b_idx, h_idx, q_idx])
-                change = cutlass.Float32(mDelta[b_idx, h_idx, q_idx])
-            lse[k] = cutlass.select_(value == -cutlass.Float32.inf, cutlass.Float32(0.0), value)
-            delta[k] = change
+            lse[k], delta[k] = self.row_stats(mLSE, mDelta, b_idx, h_idx, q_idx)
 
     @cute.jit
     def stage_stats(self, mLSE, mDelta, q_base, b_idx, h_idx, s_stats):
-        """The warp's stats rows <- the LSE (-inf read as 0) and delta of the Q tile at
-        ``q_base`` (0 past Q_LEN), two of each a lane. The warp's reads of the previous
-        tile's rows are behind the first ``sync_warp``, its writes before the second."""
+        """The warp's stats rows <- the ``row_stats`` of the Q tile at ``q_base``, two rows
+        a lane. The warp's reads of the previous tile's rows are behind the first
+        ``sync_warp``, its writes before the second."""
         cute.arch.sync_warp()
         for j in cutlass.range_constexpr(Q_STEP // 32):
             col = cute.arch.lane_idx() + 32 * j
-            q_idx = q_base + col
-            inside = q_idx < self.q_len
-            q_idx = cutlass.select_(inside, q_idx, cutlass.Int32(0))
-            lse = cutlass.select_(inside, cutlass.Float32(mLSE[b_idx, h_idx, q_idx]),
-                                  cutlass.Float32(0.0))
-            s_stats[col, 0] = cutlass.select_(lse == -cutlass.Float32.inf,
-                                              cutlass.Float32(0.0), lse)
-            s_stats[col, 1] = cutlass.select_(inside, cutlass.Float32(mDelta[b_idx, h_idx, q_idx]),
-                                              cutlass.Float32(0.0))
+            s_stats[col, 0], s_stats[col, 1] = self.row_stats(mLSE, mDelta, b_idx, h_idx,
+                                                              q_base + col)
         cute.arch.sync_warp()
+
+    @cute.jit
+    def row_stats(self, mLSE, mDelta, b_idx, h_idx, q_idx):
+        """(LSE, delta) of query row ``q_idx``: an LSE of -inf (no key reached the row) read
+        as 0, both 0 past Q_LEN."""
+        inside = q_idx < self.q_len
+        q_idx = cutlass.select_(inside, q_idx, cutlass.Int32(0))
+        zero = cutlass.Float32(0.0)
+        lse = cutlass.select_(inside, cutlass.Float32(mLSE[b_idx, h_idx, q_idx]), zero)
+        delta = cutlass.select_(inside, cutlass.Float32(mDelta[b_idx, h_idx, q_idx]), zero)
+        return cutlass.select_(lse == -cutlass.Float32.inf, zero, lse), delta
 
     @staticmethod
     def thread_stats(row, cS):
