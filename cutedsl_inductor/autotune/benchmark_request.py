@@ -18,7 +18,8 @@ only ever adds time, so the other timing stands. The choice marked to settle the
 (``settle_ms``, see ``autotune/select.py``) first runs that long untimed.
 
 Invariants: holds no tensor and nothing of CUDA (it crosses process boundaries); runs
-the same binary as the in-process path (same source, specs and compile key).
+the same binary as the in-process path (same source, specs and compile key); a choice's
+workspace is made and zeroed here as the output code does (``workspace_call``).
 
 Failure semantics: a choice that fails there (to build, load or run) is logged in that
 process, naming the template, its parameters and the error (Inductor's own warning names
@@ -41,7 +42,7 @@ from torch._inductor.autotune_process import (
 
 from .. import config
 from ..compile.compiler import target_arch
-from ..compile.specs import ArgSpec
+from ..compile.specs import ArgSpec, Workspace
 from ..exc import format_params
 from ..runtime.loader import load_kernel
 
@@ -74,6 +75,23 @@ def fastest_ms(timing: Callable[[], float], call: Callable[[], Any], settle_ms: 
     return min(timing() for _ in range(TIMINGS))
 
 
+def workspace_call(wrapper: Any, workspace: Workspace | None, tensors: tuple[torch.Tensor, ...],
+                   extra_args: list[int], stream: int) -> Callable[[], Any]:
+    """A call of ``wrapper`` on ``tensors`` (the inputs, then the output) and
+    ``extra_args``; a choice's workspace is made once and zeroed before every call where
+    asked, as the output code zeroes it, so the timing counts that too."""
+    if workspace is None:
+        return functools.partial(wrapper.run, *tensors, *extra_args, stream=stream)
+    scratch = workspace.make(tensors[-1].device)
+
+    def call() -> Any:
+        if workspace.zeroed:
+            scratch.zero_()
+        return wrapper.run(*tensors, scratch, *extra_args, stream=stream)
+
+    return call
+
+
 class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
     def __init__(
         self,
@@ -86,8 +104,10 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         specs: list[ArgSpec],
         template: str,
         params: dict[str, Any],
+        workspace: Workspace | None = None,
     ) -> None:
         super().__init__(kernel_name, input_tensor_meta, output_tensor_meta, extra_args)
+        self.workspace = workspace
         self.source = source
         self.specs = specs
         self.template = template
@@ -115,8 +135,8 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
                     ) -> Callable[[], Any]:
         wrapper = self.load()
         stream = torch.cuda.current_stream(out.device).cuda_stream
-        return functools.partial(wrapper.run, *input_tensors, out, *self.extra_args,
-                                 stream=stream)
+        return workspace_call(wrapper, self.workspace, (*input_tensors, out), self.extra_args,
+                              stream)
 
     def do_bench(self, fn: Callable[[], Any], *input_tensors: torch.Tensor,
                  out: torch.Tensor | None = None) -> float:

@@ -89,6 +89,25 @@ class ScalarSpec:
 ArgSpec = Union[TensorSpec, ScalarSpec]
 
 
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """Scratch memory an entry takes right after its output: ``numel`` (static) elements
+    of ``dtype``, zeroed before every call where ``zeroed``. Whoever calls the entry makes
+    it for that call alone (Inductor's output code, the autotuner's timing): no state
+    survives between calls."""
+
+    numel: int
+    dtype: str  # torch dtype name without "torch."
+    zeroed: bool = True
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.dtype, (self.numel,), (1,), GPU_ALIGN_BYTES)
+
+    def make(self, device: torch.device) -> torch.Tensor:
+        make = torch.zeros if self.zeroed else torch.empty
+        return make(self.numel, dtype=getattr(torch, self.dtype), device=device)
+
+
 def specs_key(specs: list[ArgSpec]) -> str:
     return "|".join(spec.key() for spec in specs)
 
@@ -164,9 +183,11 @@ def tensor_spec(node: Any, *, symbolic: bool, index: int) -> TensorSpec:
 
 
 def specs_for_nodes(nodes: list[Any], symbolic: bool) -> list[ArgSpec]:
-    """One spec per entry argument: tensors from their IR node, size variables as ints."""
+    """One spec per entry argument: tensors from their IR node, a workspace from its
+    record, size variables as ints."""
     return [
-        tensor_spec(node, symbolic=symbolic, index=index) if hasattr(node, "get_size")
+        node.spec() if isinstance(node, Workspace)
+        else tensor_spec(node, symbolic=symbolic, index=index) if hasattr(node, "get_size")
         else ScalarSpec()
         for index, node in enumerate(nodes)
     ]

@@ -59,6 +59,7 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from ..autotune.retime import fastest_in_rounds
+from ..compile.specs import Workspace
 from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
 from . import prologue
@@ -206,6 +207,9 @@ def fused_kernel_call(buffer: Any, plan: Any,
     hints = V.graph.sizevars.optimization_hints
     args = []
     for position, n in enumerate(kernel.arg_nodes()):
+        if isinstance(n, Workspace):
+            args.append(n.make(buffer.get_device()))
+            continue
         if not isinstance(n, ir.IRNode):
             args.append(V.graph.sizevars.optimization_hint(n))
             continue

@@ -40,6 +40,7 @@ from torch.utils._ordered_set import OrderedSet
 
 from .. import config
 from ..autotune.retime import fastest_in_rounds
+from ..compile.specs import Workspace
 from ..runtime.loader import load_kernel
 from ..template.epilogue import IDENTITY
 from .scheduling import (CuteDSLScheduling, fusion_estimate_ms, is_cutedsl_template,
@@ -152,6 +153,9 @@ def kernel_call(buffer: Any, prologue: Any,
     hints = V.graph.sizevars.optimization_hints
     args = []
     for n in kernel.arg_nodes():
+        if isinstance(n, Workspace):
+            args.append(n.make(buffer.get_device()))
+            continue
         if not isinstance(n, ir.IRNode):
             args.append(V.graph.sizevars.optimization_hint(n))
             continue

@@ -30,6 +30,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from torch._inductor.codegen.common import WorkspaceArg, WorkspaceZeroMode
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.scheduler import BaseScheduling, SchedulerNode
 from torch._inductor.utils import get_kernel_metadata
@@ -37,7 +39,7 @@ from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
 from .. import config
-from ..compile.specs import ArgSpec, specs_for_nodes
+from ..compile.specs import ArgSpec, Workspace, specs_for_nodes
 from ..runtime.loader import load_kernel, write_source
 from ..template.buffer import CuteDSLTemplateBuffer
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
@@ -173,15 +175,21 @@ class CuteDSLScheduling(BaseScheduling):
         for node in (*prologue_nodes, template_node, *epilogue_nodes):
             node.mark_run()
         nodes = kernel.arg_nodes()
+        wrapper = V.graph.wrapper_code
+        scratch = workspace_arg(kernel.workspace, buffer.get_device())
         with V.set_kernel_handler(kernel):
             kernel_name = self.define_kernel(kernel_name, source, specs, buffer,
                                              [*prologue_nodes, template_node, *epilogue_nodes])
-            V.graph.wrapper_code.generate_kernel_call(
+            if scratch is not None:
+                wrapper.generate_workspace_allocation(scratch)
+            wrapper.generate_kernel_call(
                 kernel_name,
-                kernel.call_references(),
+                kernel.call_references(scratch.get_name() if scratch is not None else None),
                 triton=True,
-                arg_types=[n.get_dtype() if hasattr(n, "get_dtype") else int for n in nodes],
+                arg_types=[_arg_type(n) for n in nodes],
             )
+            if scratch is not None:
+                wrapper.generate_workspace_deallocation(scratch)
         self.free_buffers_in_scheduler()
 
     def define_kernel(
@@ -209,6 +217,24 @@ class CuteDSLScheduling(BaseScheduling):
         metadata = f"# kernel path: {path}\n{origins}\n{detailed}"
         wrapper.define_kernel(kernel_name, body, metadata)
         return kernel_name
+
+
+def workspace_arg(workspace: Workspace | None, device: Any) -> Any:
+    """Inductor's record of a choice's workspace: the output code allocates it (zeroed
+    where asked) right before the call and frees it right after."""
+    if workspace is None:
+        return None
+    mode = (WorkspaceZeroMode.ZERO_ON_CALL if workspace.zeroed
+            else WorkspaceZeroMode.UNINITIALIZED)
+    return WorkspaceArg(count=workspace.numel, zero_mode=mode, device=device,
+                        outer_name=WorkspaceArg.unique_name(),
+                        dtype=getattr(torch, workspace.dtype))
+
+
+def _arg_type(node: Any) -> Any:
+    if isinstance(node, Workspace):
+        return getattr(torch, node.dtype)
+    return node.get_dtype() if hasattr(node, "get_dtype") else int
 
 
 def render_kernel(buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan,

@@ -30,9 +30,10 @@ from ..autotune.benchmark_request import (
     CuteDSLBenchmarkRequest,
     argument_meta,
     fastest_ms,
+    workspace_call,
 )
 from ..compile import versions
-from ..compile.specs import ArgSpec, specs_key
+from ..compile.specs import ArgSpec, Workspace, specs_key
 from ..exc import format_params
 from ..runtime.loader import load_kernel
 from ..runtime.workers import build_in_worker, prefetch
@@ -68,17 +69,19 @@ class KernelRender:
     output node; ``render()`` then returns source with the name placeholder in it."""
 
     def __init__(self, template: Any, input_nodes: list[Any], params: dict[str, Any],
-                 subgraphs: list[Any] | None = None):
+                 subgraphs: list[Any] | None = None, workspace: Workspace | None = None):
         self.template = template
         self.input_nodes = input_nodes
         self.params = params
         self.subgraphs = subgraphs
+        self.workspace = workspace
 
     def __call__(self, out_node: Any, hint_override: int | None = None,
                  epilogue: EpiloguePlan = IDENTITY, prologue: Any = None) -> tuple[Any, Any]:
         kernel = CuteDSLTemplateKernel(
             KERNEL_NAME_PLACEHOLDER, self.input_nodes, out_node, self.params, epilogue,
             subgraphs=self.subgraphs, template_name=self.template.name, prologue=prologue,
+            workspace=self.workspace,
         )
         return kernel, functools.partial(self.template.render, kernel)
 
@@ -97,6 +100,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         input_views: list[InputView],
         mutated_inputs: list[Any] | None = None,
         subgraphs: list[Any] | None = None,
+        workspace: Workspace | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -111,7 +115,9 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.extra_args = extra_args
         self.input_views = input_views
         self.mutated_inputs = mutated_inputs
-        self.make_kernel_render = KernelRender(template, input_nodes, params, subgraphs)
+        self.workspace = workspace
+        self.make_kernel_render = KernelRender(template, input_nodes, params, subgraphs,
+                                               workspace)
         # Inductor's picklable request, for autotuning in a subprocess
         self.bmreq = CuteDSLBenchmarkRequest(
             name,
@@ -119,6 +125,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
              for node, view in zip(input_nodes, input_views)],
             TensorMeta.from_irnodes(layout), extra_args,
             source=source, specs=specs, template=template.name, params=params,
+            workspace=workspace,
         )
         self.failure: Exception | None = None
         self._wrapper: Any = None
@@ -150,10 +157,10 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
 
         try:
             wrapper = self.load()
-            call_args = (*self.views_of(args), out, *self.extra_args)
             stream = torch.cuda.current_stream(out.device).cuda_stream
-            wrapper.run(*call_args, stream=stream)  # surfaces launch errors here
-            call = functools.partial(wrapper.run, *call_args, stream=stream)
+            call = workspace_call(wrapper, self.workspace, (*self.views_of(args), out),
+                                  self.extra_args, stream)
+            call()  # surfaces launch errors here
             return fastest_ms(lambda: benchmarker.benchmark_gpu(call), call,
                               self.bmreq.settle_ms, out.device)
         except Exception as err:

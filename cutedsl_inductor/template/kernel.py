@@ -14,6 +14,9 @@ The Jinja2 template sees these hooks (names as in upstream PyTorch):
   ``{{gen_defines()}}``         the choice's parameters as ``NAME: cutlass.Constexpr = v``,
                                 one per line, at the indentation of the line it is on
   ``{{get_output()}}``          the entry's name for the output tensor
+  ``{{get_workspace()}}``       the entry's name for the choice's scratch buffer (a 1-D
+                                tensor after the output, made for each call, zeroed where
+                                asked: ``workspace=`` of ``generate``, a ``Workspace``)
   ``{{size("a", 0)}}``, ``{{stride("a", 1)}}``  sizes/strides as Python expressions
                                 (an int, or Inductor's symbol for dynamic shapes)
   ``{{def_epilogue()}}``        defines ``<kernel_name>_epilogue(value, c0, .., extras)``:
@@ -62,7 +65,7 @@ from torch._inductor.codegen.common import Kernel
 from torch._inductor.virtualized import V
 
 from ..compile.compiler import entry_name
-from ..compile.specs import ArgSpec, specs_key
+from ..compile.specs import ArgSpec, Workspace, specs_key
 from ..exc import SubgraphError, format_params
 from .defines import gen_defines
 from .epilogue import IDENTITY, EpiloguePlan
@@ -74,6 +77,7 @@ DEF_PROLOGUE_PLACEHOLDER = "<DEF_PROLOGUE>"
 GEN_DEFINES_PLACEHOLDER = "<GEN_DEFINES>"
 MODIFICATION_INPUTS_PLACEHOLDER = "<MODIFICATION_INPUTS>"
 KERNEL_NAME_PLACEHOLDER = "__CUTEDSL_KERNEL_NAME__"
+WORKSPACE_PARAM = "workspace"
 
 IMPORTS = """\
 import math
@@ -143,6 +147,7 @@ class CuteDSLTemplateKernel(Kernel):
         subgraphs: list[Any] | None = None,
         template_name: str = "",
         prologue: ProloguePlan | None = None,
+        workspace: Workspace | None = None,
     ) -> None:
         super().__init__()
         self.kernel_name = kernel_name
@@ -165,6 +170,7 @@ class CuteDSLTemplateKernel(Kernel):
         self.template_name = template_name
         self.captures = Captures(self.input_nodes)
         self._modifications = 0
+        self.workspace = workspace
 
     # -- hooks ---------------------------------------------------------------------
 
@@ -199,6 +205,11 @@ class CuteDSLTemplateKernel(Kernel):
         if name not in self.args.output_buffers:
             raise ValueError("get_output() must come after def_kernel()")
         return self.args.output_buffers[name]
+
+    def get_workspace(self) -> str:
+        if self.workspace is None:
+            raise ValueError("this template choice has no workspace")
+        return WORKSPACE_PARAM
 
     def def_epilogue(self, tile_input: bool = False) -> str:
         """The ``<kernel_name>_epilogue(value, c0, .., extras)`` function (identity when
@@ -319,6 +330,7 @@ class CuteDSLTemplateKernel(Kernel):
             output_rank=self.output_rank,
             gen_defines=self.gen_defines,
             get_output=self.get_output,
+            get_workspace=self.get_workspace,
             size=self.size,
             stride=self.stride,
             **self.params,
@@ -334,10 +346,11 @@ class CuteDSLTemplateKernel(Kernel):
         return "".join(line.rstrip() + "\n" for line in (IMPORTS + text).splitlines())
 
     def entry_params(self) -> list[str]:
-        """The entry's parameters after the template inputs: output, extras, sizes."""
+        """The entry's parameters: template inputs, extras, output, workspace, sizes."""
         params = [name for name, _ in self.template_inputs]
         params += list(self.args.input_buffers.values())
         params += list(self.args.output_buffers.values())
+        params += [WORKSPACE_PARAM] if self.workspace is not None else []
         params += list(self.args.sizevars.values())
         return params
 
@@ -358,19 +371,23 @@ class CuteDSLTemplateKernel(Kernel):
     # -- the call in the output code -----------------------------------------------
 
     def arg_nodes(self) -> list[Any]:
-        """IR node (or size expression) per entry argument, in signature order."""
+        """IR node (or ``Workspace``, or size expression) per entry argument, in signature
+        order."""
         nodes: list[Any] = [node for _, node in self.template_inputs]
         nodes += [V.graph.get_buffer(buf) for buf in self.args.input_buffers]
         nodes += [
             self.output_node if buf == self.output_node.get_name() else V.graph.get_buffer(buf)
             for buf in self.args.output_buffers
         ]
+        nodes += [self.workspace] if self.workspace is not None else []
         nodes += list(self.args.sizevars)
         return nodes
 
-    def call_references(self) -> list[str]:
-        """How the output code passes each entry argument (codegen time only)."""
+    def call_references(self, workspace: str | None = None) -> list[str]:
+        """How the output code passes each entry argument (codegen time only); the
+        workspace by the name the output code allocated it under."""
         refs = [call_reference(node) for _, node in self.template_inputs]
         refs += list(self.args.input_buffers) + list(self.args.output_buffers)
+        refs += [workspace] if self.workspace is not None else []
         refs += [self.kexpr(expr) for expr in self.args.sizevars]
         return refs

@@ -32,7 +32,7 @@ from torch._inductor import ir
 from torch._inductor.virtualized import V
 
 from ..compile.compiler import target_arch
-from ..compile.specs import specs_for_nodes
+from ..compile.specs import Workspace, specs_for_nodes
 from ..exc import (
     ChoiceError,
     CuteDSLInductorError,
@@ -48,7 +48,7 @@ from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
 
-GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs", "subgraphs")
+GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs", "subgraphs", "workspace")
 CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) cannot launch "
                            "CuteDSL kernels; they need the Python wrapper")
 
@@ -111,11 +111,13 @@ class CuteDSLTemplate:
         layout: ir.Layout,
         mutated_inputs: list[Any] | None = None,
         subgraphs: list[Any] | None = None,
+        workspace: Workspace | None = None,
         **params: Any,
     ) -> "CuteDSLTemplateCaller":
         """One choice: ``params`` are the template's parameters; ``subgraphs`` what its
         ``{{modification(i, ...)}}`` hooks render (``template/subgraph.py``), their
-        captured tensors among ``input_nodes``."""
+        captured tensors among ``input_nodes``; ``workspace`` the scratch buffer its
+        ``{{get_workspace()}}`` names."""
         reason = CPP_WRAPPER_UNSUPPORTED if V.graph.cpp_wrapper else unrunnable(input_nodes,
                                                                                 layout)
         if reason is not None:
@@ -124,7 +126,7 @@ class CuteDSLTemplate:
         fake_output = ir.Buffer(name="buf_out", layout=layout)
         kernel = CuteDSLTemplateKernel(
             KERNEL_NAME_PLACEHOLDER, input_nodes, fake_output, params, subgraphs=subgraphs,
-            template_name=self.name,
+            template_name=self.name, workspace=workspace,
         )
         rendered = self.render(kernel)
         nodes = kernel.arg_nodes()
@@ -132,7 +134,8 @@ class CuteDSLTemplate:
         kernel_name, source = name_kernel(self.name, rendered, specs)
         _check_python(self.name, params, source)
         hint = V.graph.sizevars.optimization_hint
-        extra_args = [hint(n) for n in nodes if not hasattr(n, "get_size")]
+        extra_args = [hint(n) for n in nodes
+                      if not hasattr(n, "get_size") and not isinstance(n, Workspace)]
         return CuteDSLTemplateCaller(
             name=kernel_name,
             input_nodes=input_nodes,
@@ -145,6 +148,7 @@ class CuteDSLTemplate:
             input_views=[InputView.of(node) for node in input_nodes],
             mutated_inputs=mutated_inputs,
             subgraphs=subgraphs,
+            workspace=workspace,
         )
 
 

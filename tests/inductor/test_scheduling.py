@@ -95,3 +95,63 @@ def test_backward_gemms_compile_with_the_layouts_they_are_called_with(monkeypatc
     assert layouts == [[(0,), (1,), (1,)], [(1,), (0,), (1,)], [(1,), (1,), (1,)]]
     assert sum(code.count(f"{d.targets[0].id}.run(") for d in definitions) == 6
     load_kernels(definitions)
+
+
+WORKSPACE_SOURCE = r'''
+{{gen_defines()}}
+
+@cute.kernel
+def {{kernel_name}}_kernel(gA: cute.Tensor, gW: cute.Tensor, gC: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * 128 + tidx
+    gC[i] = gA[i] + gW[i]
+
+@cute.jit
+{{def_kernel("a")}}
+    {{kernel_name}}_kernel(a, {{get_workspace()}}, {{get_output()}}).launch(
+        grid=[SIZE // 128, 1, 1], block=[128, 1, 1], stream=stream)
+'''
+
+
+def test_a_workspace_is_allocated_zeroed_passed_and_freed_by_the_output_code(monkeypatch):
+    """A template choice with a workspace: the output code allocates it right before the
+    call (zeroed: ``.zero_()``), passes it after the output, frees it after the call, and
+    the kernel compiles with it (GPU-less)."""
+    from torch._inductor.lowering import lowerings, register_lowering
+
+    from cutedsl_inductor import autotune_select_algorithm
+    from cutedsl_inductor.compile.specs import Workspace
+    from cutedsl_inductor.template.template import CuteDSLTemplate
+    from tests.helpers import use_virtual_sm90
+
+    template = CuteDSLTemplate("test_workspace_add", WORKSPACE_SOURCE)
+    if not hasattr(torch.ops.cutedsl_test, "plus_scratch"):
+        @torch.library.custom_op("cutedsl_test::plus_scratch", mutates_args=())
+        def plus_scratch(a: torch.Tensor) -> torch.Tensor:
+            return a.clone()
+
+        plus_scratch.register_fake(lambda a: torch.empty_like(a))
+    op = torch.ops.cutedsl_test.plus_scratch.default
+    if op not in lowerings:
+        @register_lowering(op)
+        def lower(a):
+            choices = []
+            template.maybe_append_choice(choices, input_nodes=[a], layout=a.get_layout(),
+                                         workspace=Workspace(1024, "float32"), SIZE=1024)
+            return autotune_select_algorithm("plus_scratch", choices, [a], a.get_layout())
+
+    use_virtual_sm90(monkeypatch)
+    with lowered(lambda a: torch.ops.cutedsl_test.plus_scratch(a), (1024,),
+                 dtype=torch.float32) as graph:
+        code = graph.codegen()[0].value
+    (definition,) = kernel_definitions(code)
+    name = definition.targets[0].id
+    lines = [line.strip() for line in code.splitlines()]
+    start = lines.index("workspace_0 = empty_strided_cuda((1024, ), (1, ), torch.float32)")
+    assert lines[start + 1] == "workspace_0.zero_()"
+    call = next(i for i, line in enumerate(lines) if line.startswith(f"{name}.run("))
+    assert lines[call].startswith(f"{name}.run(a_1, buf0, workspace_0, stream=")
+    assert start < call < lines.index("del workspace_0")
+    assert specs_of(definition)[-1] == TensorSpec("float32", (1024,), (1,), 16)
+    load_kernels([definition])

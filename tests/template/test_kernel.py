@@ -98,3 +98,25 @@ def test_gen_defines_is_valid_python_at_any_indentation(graph, params, where):
     for name, value in params.items():
         assert f"{name}: cutlass.Constexpr = " in text
     assert namespace["k0_main"](None, None, None, None) == 1
+
+
+def test_a_workspace_comes_after_the_output_and_has_its_spec(graph):
+    from cutedsl_inductor.compile.specs import TensorSpec, Workspace, specs_for_nodes
+
+    a = make_input(graph, "arg0_1", (32, 64))
+    out = ir.Buffer(name="buf0", layout=make_layout((32, 64)))
+    workspace = Workspace(32 * 64, "float32")
+    kernel = CuteDSLTemplateKernel("k0", [a], out, {}, workspace=workspace)
+    text = kernel.render(jinja2.Template(
+        "{{def_kernel('x')}}\n    return {{get_workspace()}}, {{get_output()}}\n"))
+    assert "def k0_main(arg_x, out_ptr0, workspace, stream):" in text
+    assert "return workspace, out_ptr0" in text
+    assert kernel.arg_nodes()[-1] is workspace
+    assert kernel.call_references("workspace_0") == ["arg0_1", "buf0", "workspace_0"]
+    assert specs_for_nodes(kernel.arg_nodes(), symbolic=False)[-1] == TensorSpec(
+        "float32", (2048,), (1,), 16)
+
+
+def test_get_workspace_without_one_is_an_error(graph):
+    with pytest.raises(ValueError, match="no workspace"):
+        render(graph, "{{def_kernel('x', 'y')}}\n    return {{get_workspace()}}\n")
