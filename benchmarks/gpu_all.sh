@@ -14,6 +14,10 @@
 #                                             and without Triton's GEMMs beside ours)
 #                                             pdl (the PDL GEMMs' GPU test, then Llama decode
 #                                             with and without CUDA graphs, PDL off and on)
+#                                             attention_levers (bench attention --quick, each
+#                                             lever off and on: the backward's fused dQ, the
+#                                             forward's ping-pong; ATTENTION_ARGS as above,
+#                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -88,6 +92,15 @@ for s in $steps; do
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
         ${ATTENTION_ARGS:---quick} --out "$OUT" ;;
+    attention_levers)
+      for lever in FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd; do
+        for on in 0 1; do
+          env "CUTEDSL_INDUCTOR_${lever%:*}=$on" python3 -m cutedsl_inductor bench attention \
+            ${ATTENTION_ARGS:---quick} --directions "${lever#*:}" --variants "${LEVER_VARIANTS:-ours,triton,sdpa-cudnn}" \
+            --out "$OUT/${lever%:*}_$on" > "$OUT/${lever%:*}_$on.log" 2>&1 || status=1
+          echo "=== ${lever%:*}=$on"; tail -n "${TAIL:-12}" "$OUT/${lever%:*}_$on.log"
+        done
+      done ;;
     bench_attention_shards) shards attention
         step attention_merge python3 -m cutedsl_inductor bench attention --merge \
           "$OUT"/attention_shard_*/ --out "$OUT/attention" ;;

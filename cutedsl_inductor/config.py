@@ -212,6 +212,12 @@ flex_pingpong: bool = _knob(
     "our FlexAttention forward's two consumer warpgroups take turns issuing their GEMMs "
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
     "only; off until timed on the H200)", changes_code=True)
+flex_bwd_fused_dq: bool = _knob(
+    "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
+    "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (fp32 "
+    "atomics into a zeroed workspace of B*H*Q_LEN*D floats, then cast), five GEMMs per "
+    "tile pair instead of the dQ kernel's three more (off until timed on a GPU)",
+    changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

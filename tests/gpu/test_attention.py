@@ -248,9 +248,10 @@ OURS_BWD = "cutedsl_sm90_flex_attention_bwd"
 GRAD_TOLERANCE = 2e-2  # relative Frobenius error of a 16-bit gradient
 
 
-def run_ours_backward(q, k, v, grad_out, score_mod, block_mask):
+def run_ours_backward(q, k, v, grad_out, score_mod, block_mask, fused=False):
     """(dq, dk, dv, output code) of a compiled flex_attention step with only our choices
-    (tensors the score_mod captures that need gradients get theirs too)."""
+    (tensors the score_mod captures that need gradients get theirs too); ``fused``: the
+    backward in one kernel, dQ through atomics (``flex_bwd_fused_dq``)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -264,10 +265,12 @@ def run_ours_backward(q, k, v, grad_out, score_mod, block_mask):
         return out
 
     with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex": OURS}), \
-            config.patch(flex_max_configs=1):
+            config.patch(flex_max_configs=1, flex_bwd_fused_dq=fused):
         poison_free_memory()
         _, codes = run_and_get_code(step)
-    return q.grad, k.grad, v.grad, "\n".join(codes)
+    code = "\n".join(codes)
+    assert f"FUSED_DQ: cutlass.Constexpr = {fused}" in code
+    return q.grad, k.grad, v.grad, code
 
 
 def backward_inputs(seed, batch, heads, kv_heads, q_len, kv_len, head_dim, dtype):
@@ -290,7 +293,8 @@ def assert_grads_close(grads, ref, dtype):
 
 
 def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
-                   dtype=torch.bfloat16, score_mod=None, mask_mod=None, mask_per_head=False):
+                   dtype=torch.bfloat16, score_mod=None, mask_mod=None, mask_per_head=False,
+                   fused=False):
     from torch.nn.attention.flex_attention import create_block_mask
 
     q, k, v, grad_out = backward_inputs(q_len * 11 + kv_len, batch, heads, kv_heads,
@@ -300,7 +304,7 @@ def check_backward(q_len, kv_len, *, heads=4, kv_heads=4, batch=2, head_dim=64,
         block_mask = create_block_mask(mask_mod, batch if mask_per_head else None,
                                        heads if mask_per_head else None, q_len, kv_len,
                                        device="cuda")
-    grads = run_ours_backward(q, k, v, grad_out, score_mod, block_mask)
+    grads = run_ours_backward(q, k, v, grad_out, score_mod, block_mask, fused)
     assert OURS_BWD in grads[3], "our backward kernel is not in the output code"
     plain = f"PLAIN_SCORES: cutlass.Constexpr = {score_mod is None}"
     assert plain in grads[3], "plain scores (P in fp32, no exp2 for dS) without a score_mod"
@@ -355,6 +359,33 @@ def test_backward_gqa(kv_heads, mask_mod):
     check_backward(333, 333, heads=8, kv_heads=kv_heads, mask_mod=mask_mod, head_dim=128)
 
 
+# The backward in one kernel (``flex_bwd_fused_dq``): dQ added by every KV tile's CTA
+# into a zeroed fp32 workspace (the output code's, made per call), then cast.
+FUSED_CASES = {
+    "no-mask-200": dict(q_len=200, kv_len=200),
+    "no-mask-100x300-fp16": dict(q_len=100, kv_len=300, dtype=torch.float16),
+    "no-mask-333x77-128": dict(q_len=333, kv_len=77, head_dim=128),
+    "no-mask-1000-128": dict(q_len=1000, kv_len=1000, head_dim=128),
+    "causal-1029": dict(q_len=1029, kv_len=1029, mask_mod=causal),
+    "causal-300-128-per-head": dict(q_len=300, kv_len=300, head_dim=128, mask_mod=causal,
+                                    mask_per_head=True),
+    "document-999-128": dict(q_len=999, kv_len=999, head_dim=128, mask_mod=make_document(999)),
+    "sliding-777-fp16": dict(q_len=777, kv_len=777, mask_mod=sliding_window,
+                             dtype=torch.float16),
+    "alibi-250x410": dict(q_len=250, kv_len=410, score_mod=make_alibi(4)),
+    "soft-cap-causal-500-128": dict(q_len=500, kv_len=500, head_dim=128, score_mod=soft_cap,
+                                    mask_mod=causal),
+    "gqa-2-causal-128": dict(q_len=333, kv_len=333, heads=8, kv_heads=2, head_dim=128,
+                             mask_mod=causal),
+    "gqa-1": dict(q_len=333, kv_len=333, heads=8, kv_heads=1),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_backward_fused_dq(case):
+    check_backward(**FUSED_CASES[case], fused=True)
+
+
 # Gradients of captured tensors: learnable tables whose gradients our dK/dV kernel adds
 # atomically (fp32) into the buffers Inductor zeroes. Against a float64 run of the whole
 # attention their error is what bf16's rounding of O leaves once their sums cancel: an
@@ -379,7 +410,7 @@ def learnable_alibi(slopes):
 
 
 def check_captured_grads(q_len, kv_len, make_mod, table, *, heads=4, kv_heads=4, batch=2,
-                         head_dim=64, dtype=torch.bfloat16, mask_mod=None):
+                         head_dim=64, dtype=torch.bfloat16, mask_mod=None, fused=False):
     """dQ, dK, dV from our backward, which must be in the output code, against float64;
     the gradient of ``table`` (fp32, captured by ``make_mod(table)``) against float64
     given our forward's O and LSE (``captured_grad_given``)."""
@@ -391,7 +422,7 @@ def check_captured_grads(q_len, kv_len, make_mod, table, *, heads=4, kv_heads=4,
     if mask_mod is not None:
         block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, device="cuda")
     table = table.detach().requires_grad_()
-    *grads, code = run_ours_backward(q, k, v, grad_out, make_mod(table), block_mask)
+    *grads, code = run_ours_backward(q, k, v, grad_out, make_mod(table), block_mask, fused)
     assert OURS_BWD in code, "our backward kernel is not in the output code"
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     ref_table = table.detach().double().requires_grad_()
@@ -461,6 +492,13 @@ def test_backward_learnable_tables_with_gqa(kv_heads, mask_mod):
     slopes = torch.exp2(-8.0 * torch.arange(1, 9, device="cuda") / 8)
     check_captured_grads(333, 333, learnable_alibi, slopes, heads=8, kv_heads=kv_heads,
                          mask_mod=mask_mod)
+
+
+@pytest.mark.parametrize("mask_mod", [None, causal])
+def test_backward_fused_dq_with_a_learnable_table(mask_mod):
+    bias = 0.5 * torch.randn(4, 300 + 260 - 1, device="cuda")
+    check_captured_grads(300, 260, lambda t: learnable_relative_bias(t, 260), bias,
+                         head_dim=128, mask_mod=mask_mod, fused=True)
 
 
 def test_backward_an_untranslatable_captured_gradient_falls_back_to_triton(caplog):

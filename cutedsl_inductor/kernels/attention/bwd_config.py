@@ -1,5 +1,5 @@
-"""FlexBwdConfig: the compile-time constants of one FlexAttention backward (both kernels
-of ``sm90_flex_bwd.py``).
+"""FlexBwdConfig: the compile-time constants of one FlexAttention backward
+(``sm90_flex_bwd.py``: two kernels, or one with ``fused_dq``).
 
 A frozen, validated record: ``FlexBwdConfig(...)`` raises ``ValueError`` for what the
 kernels cannot run (a head dim other than 64/128, a BlockMask whose blocks are no
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import HEAD_DIMS, SMEM_BYTES
+from ..sm90 import SMEM_BYTES
+from .config import HEAD_DIMS
 
 KV_TILE = 128  # dK/dV kernel: KV rows per CTA, 64 per consumer warpgroup
 Q_STEP = 64  # dK/dV kernel: Q rows per pipeline stage
@@ -28,6 +29,9 @@ class FlexBwdConfig:
     has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
     sm_scale: float
     pipelined: bool = True  # dK/dV: P and dS overlapped with the GEMMs (False: serial)
+    # dQ accumulated by the dK/dV kernel (fp32 atomics into a workspace, then cast): five
+    # GEMMs per tile pair, not the dQ kernel's three more
+    fused_dq: bool = False
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
@@ -47,20 +51,21 @@ class FlexBwdConfig:
 
     def smem_bytes(self) -> int:
         """The larger of the two kernels' (both resident tiles of 128 rows plus a ring of
-        two 64-row tiles per stage)."""
+        two 64-row tiles per stage; fused: a Q_STEP x KV_TILE dS tile per stage too)."""
         row = self.head_dim * self.element_bytes
-        return 2 * 128 * row + self.stages * 2 * 64 * row + 1024 * 4
+        ds_tiles = self.stages * Q_STEP * KV_TILE * self.element_bytes if self.fused_dq else 0
+        return 2 * 128 * row + self.stages * 2 * 64 * row + ds_tiles + 1024 * 4
 
 
 def default_bwd_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
-                        has_full_blocks: bool, sm_scale: float,
-                        pipelined: bool = True) -> list[FlexBwdConfig]:
+                        has_full_blocks: bool, sm_scale: float, pipelined: bool = True,
+                        fused_dq: bool = False) -> list[FlexBwdConfig]:
     """The configs offered, best guess first; those that do not fit are left out."""
     out = []
     for stages in ((2,) if head_dim == 128 else (3, 2)):
         try:
             out.append(FlexBwdConfig(head_dim, stages, sparse_q_block, sparse_kv_block,
-                                     has_full_blocks, sm_scale, pipelined))
+                                     has_full_blocks, sm_scale, pipelined, fused_dq))
         except ValueError:
             continue
     return out

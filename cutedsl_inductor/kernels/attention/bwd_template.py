@@ -29,11 +29,13 @@ with the reason and Inductor's Triton backward runs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch._inductor import ir
 
 from ... import config
+from ...compile.specs import Workspace
 from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex_bwd  # noqa: F401  (the rendered module imports it: fail early)
@@ -87,10 +89,11 @@ class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
     kernel = {{kernel_name}}_FlexBwd(FlexBwdConfig(
         head_dim=HEAD_DIM, stages=STAGES, sparse_q_block=SPARSE_Q_BLOCK,
         sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE,
-        pipelined=PIPELINED))
+        pipelined=PIPELINED, fused_dq=FUSED_DQ))
     kernel(q, k, v, lse, delta, grad_out, grad_query, {{get_output()}}, grad_value,
            q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, kv_num_blocks,
-           kv_indices, full_kv_num_blocks, full_kv_indices, {{modification_inputs()}}, stream)
+           kv_indices, full_kv_num_blocks, full_kv_indices, {{modification_inputs()}}, stream
+           {%- if FUSED_DQ %}, {{get_workspace()}}{% endif %})
 '''
 
 flex_bwd_template = CuteDSLTemplate("sm90_flex_attention_bwd", BWD_SOURCE)
@@ -148,7 +151,8 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
         configs = default_bwd_configs(head_dim, int(options["SPARSE_Q_BLOCK_SIZE"]),
                                       int(options["SPARSE_KV_BLOCK_SIZE"]),
                                       bool(options["HAS_FULL_BLOCKS"]),
-                                      float(options["SM_SCALE"]), config.flex_pipelined)
+                                      float(options["SM_SCALE"]), config.flex_pipelined,
+                                      config.flex_bwd_fused_dq)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -170,6 +174,7 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
     for cfg in configs:
         error = flex_bwd_template.maybe_append_choice(
             choices, input_nodes=list(nodes), layout=layout,
+            workspace=dq_workspace(nodes[0]) if cfg.fused_dq else None,
             mutated_inputs=[nodes[6], nodes[7], *grads],
             subgraphs=[score, joint, subgraphs[2], ModificationSubgraph(scatters, dtypes)],
             CAPTURED_GRADS=bool(scatters), PLAIN_SCORES=plain, **bwd_params_of(cfg))
@@ -181,4 +186,9 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
 def bwd_params_of(cfg: FlexBwdConfig) -> dict[str, Any]:
     return dict(HEAD_DIM=cfg.head_dim, STAGES=cfg.stages, SPARSE_Q_BLOCK=cfg.sparse_q_block,
                 SPARSE_KV_BLOCK=cfg.sparse_kv_block, HAS_FULL_BLOCKS=cfg.has_full_blocks,
-                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined)
+                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined, FUSED_DQ=cfg.fused_dq)
+
+
+def dq_workspace(query: Any) -> Workspace:
+    """The fused dQ's fp32 accumulator, (B, H, Q_LEN, D) elements, zeroed for each call."""
+    return Workspace(math.prod(int(n) for n in query.get_size()), "float32")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..sm90 import SMEM_BYTES
+
 BLOCK_M = 128  # query rows per CTA: two consumer warpgroups of 64 rows each
-SMEM_BYTES = 227 * 1024
 HEAD_DIMS = (64, 128)
 
 

@@ -2,7 +2,8 @@
 warp and two consumer warpgroups, online softmax overlapped with the GEMMs, flex's block
 sparsity.
 
-One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0;
+One CTA = one 128-row Q tile of one (batch, head), the last tiles launched first: 3
+warpgroups. Warp 0 (warpgroup 0;
 24 registers a thread, the consumers 240: ``setmaxnreg``) loads Q once (two 64-row
 halves) and then, for every KV tile the BlockMask lists, K's tile into one
 ``stages``-deep smem ring and V's into another (``PipelineTmaAsync`` each: one mbarrier
@@ -33,7 +34,7 @@ hoists a wgmma wait to the top of the basic block it sits in, so ``scores_step``
 the softmax into both arms of its mask branch: the join, and with it the wait, come
 after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX order).
 With ``FlexConfig.pingpong`` (knob ``flex_pingpong``, off until timed) the two warpgroups
-take turns issuing their GEMMs (named barriers 1 and 2), so that one's softmax runs while
+take turns issuing their GEMMs (``FlexBarrier``'s turns), so that one's softmax runs while
 the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
 schedulers take them.
 
@@ -74,45 +75,20 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from ..sm90 import THREADS_PER_WG, WGMMA_M, FlexBarrier
 from .config import BLOCK_M, FlexConfig
+from .parts import (
+    LOG2E,
+    as_a_operand,
+    block_list,
+    in_range,
+    rows_cols,
+    tree_reduce,
+    walk_length,
+    walk_tile,
+)
 
 __all__ = ["Sm90FlexAttention"]
-
-THREADS_PER_WG = 128
-WG_M = 64  # Q rows per consumer warpgroup (one WGMMA M)
-LOG2E = 1.4426950408889634
-
-
-def _rows_cols(layout, cols):
-    """The (2 rows, cols / 2 per thread) view of a 64 x ``cols`` WGMMA accumulator's
-    value layout ``((2, 2, cols / 8), 1, 1)``: value 0 the column pair, value 1 the row
-    8 below, value 2 the 8-column block."""
-    st = layout.stride[0]
-    return cute.make_layout((2, (2, cols // 8)), stride=(st[1], (st[0], st[2])))
-
-
-def _tree_reduce(values, op):
-    """``op`` over ``values`` as a balanced tree (a dependency chain log2(n) deep, not n)."""
-    while len(values) > 1:
-        pairs = [op(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
-        values = pairs + values[len(values) - len(values) % 2:]
-    return values[0]
-
-
-def in_range(idx, length):
-    """(idx < length, idx where it is, else 0): the index the hooks see, always in range,
-    so that their captured reads need no per-element guard."""
-    inside = idx < length
-    return inside, cutlass.Int32(cutlass.select_(inside, idx, cutlass.Int32(0)))
-
-
-def _as_a_operand(layout, cols):
-    """The same registers as the A operand of an m64 k16 WGMMA: per k-block of 16 the
-    values ((2 columns, 2 rows, 2 halves of 8 columns), 1, cols / 16)."""
-    st = layout.stride[0]
-    return cute.make_layout(((2, 2, 2), 1, cols // 16),
-                            stride=((st[0], st[1], st[2]), 0, 2 * st[2]))
-
 
 class Sm90FlexAttention:
     """``Sm90FlexAttention(config)(q, k, v, o, lse, max, kv_num_blocks, kv_indices,
@@ -168,13 +144,13 @@ class Sm90FlexAttention:
         self.qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, LayoutEnum.from_tensor(q).sm90_mma_major_mode(),
             LayoutEnum.from_tensor(k).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
-            (WG_M, bn))
+            (WGMMA_M, bn))
         self.pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K,
             LayoutEnum.from_tensor(v).sm90_mma_major_mode(), cutlass.Float32, (1, 1, 1),
-            (WG_M, d), warpgroup.OperandSource.RMEM)
-        qk_tile = (WG_M, bn, d)
-        pv_tile = (WG_M, d, bn)
+            (WGMMA_M, d), warpgroup.OperandSource.RMEM)
+        qk_tile = (WGMMA_M, bn, d)
+        pv_tile = (WGMMA_M, d, bn)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.from_tensor(q), qk_tile, dtype, 2)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.from_tensor(k), qk_tile, dtype,
                                                   self.stages)
@@ -182,7 +158,7 @@ class Sm90FlexAttention:
                                                   self.stages)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(
-            load, q, cute.slice_(sQ_layout, (None, None, 0)), (WG_M, d))
+            load, q, cute.slice_(sQ_layout, (None, None, 0)), (WGMMA_M, d))
         tma_k, tK = cpasync.make_tiled_tma_atom(
             load, k, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_v, tV = cpasync.make_tiled_tma_atom(
@@ -223,7 +199,10 @@ class Sm90FlexAttention:
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, h_idx, b_idx = cute.arch.block_idx()
+        bx, h_idx, b_idx = cute.arch.block_idx()
+        # the last Q tiles first: under a causal mask they walk the most KV tiles, so the
+        # longest CTAs start in the first wave and the short ones fill the tail
+        m_block = (q_len + BLOCK_M - 1) // BLOCK_M - 1 - bx
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:
@@ -237,7 +216,8 @@ class Sm90FlexAttention:
         sQ = smem.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = smem.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = smem.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        blocks = self.block_list(kv_num, kv_idx, full_num, full_idx, m_block, h_idx, b_idx)
+        blocks = block_list((kv_num, kv_idx, full_num, full_idx), self.config.has_full_blocks,
+                            m_block, BLOCK_M, self.config.sparse_q_block, h_idx, b_idx)
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
@@ -258,33 +238,10 @@ class Sm90FlexAttention:
             enable_multicast_signaling=True)
 
     @cute.jit
-    def block_list(self, kv_num, kv_idx, full_num, full_idx, m_block, h_idx, b_idx):
-        """(sparse batch, sparse head, sparse Q block, partial blocks, full blocks)."""
-        sb = b_idx % kv_num.shape[0]
-        sh = h_idx % kv_num.shape[1]
-        qb = (m_block * BLOCK_M) // self.config.sparse_q_block
-        partial = cutlass.Int32(kv_num[sb, sh, qb])
-        full = cutlass.Int32(0)
-        if cutlass.const_expr(self.config.has_full_blocks):
-            full = cutlass.Int32(full_num[sb, sh, qb])
-        return sb, sh, qb, partial, full, kv_idx, full_idx
-
-    @cute.jit
     def kv_tile_of(self, blocks, t):
         """The KV tile index of step ``t`` of the walk, and whether its block is partial."""
-        sb, sh, qb, partial, full, kv_idx, full_idx = blocks
-        per_block = self.config.kv_tiles_per_block
-        steps = self.steps_per_block
-        j = t // steps
-        sub = t - j * steps
-        block = cutlass.Int32(0)
-        is_partial = j < partial
-        if is_partial:
-            block = cutlass.Int32(kv_idx[sb, sh, qb, j])
-        else:
-            if cutlass.const_expr(self.config.has_full_blocks):
-                block = cutlass.Int32(full_idx[sb, sh, qb, j - partial])
-        return block * per_block + sub, is_partial
+        return walk_tile(blocks, self.config.has_full_blocks, t, self.config.kv_tiles_per_block,
+                         self.steps_per_block)
 
     # -------------------------------------------------------------- producer
     @cute.jit
@@ -293,7 +250,7 @@ class Sm90FlexAttention:
         d, bn = self.head_dim, self.block_n
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-            cute.group_modes(cute.local_tile(tQ, (WG_M, d), (None, None, None)), 0, 2))
+            cute.group_modes(cute.local_tile(tQ, (WGMMA_M, d), (None, None, None)), 0, 2))
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
             cute.group_modes(cute.local_tile(tK, (bn, d), (None, None, None)), 0, 2))
@@ -308,7 +265,7 @@ class Sm90FlexAttention:
         q_pipe.producer_commit(q_state)
         # K and V of one tile share a ring index (the rings advance together)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        total = (blocks[3] + blocks[4]) * self.steps_per_block
+        total = walk_length(blocks, self.steps_per_block)
         for t in cutlass.range(total, unroll=1):
             n_tile, _ = self.kv_tile_of(blocks, t)
             k_pipe.producer_acquire(state)
@@ -334,15 +291,15 @@ class Sm90FlexAttention:
         tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
         tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
-        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((WG_M, bn)), cutlass.Float32)
-        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((WG_M, d)), cutlass.Float32)
+        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((WGMMA_M, bn)), cutlass.Float32)
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((WGMMA_M, d)), cutlass.Float32)
         acc_o.fill(0.0)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         # P of the last tile softmaxed, in the input dtype: the A operand of O += P V
         rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
-        tOrP = cute.make_tensor(rP.iterator, _as_a_operand(acc_s.layout, bn))
-        cS = qk_thr.partition_C(cute.make_identity_tensor((WG_M, bn)))
-        q_base = m_block * BLOCK_M + (wg - 1) * WG_M
+        tOrP = cute.make_tensor(rP.iterator, as_a_operand(acc_s.layout, bn))
+        cS = qk_thr.partition_C(cute.make_identity_tensor((WGMMA_M, bn)))
+        q_base = m_block * BLOCK_M + (wg - 1) * WGMMA_M
         row_max = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         row_sum = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         correction = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
@@ -353,7 +310,7 @@ class Sm90FlexAttention:
         q_pipe.consumer_wait(q_state)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        total = (blocks[3] + blocks[4]) * self.steps_per_block
+        total = walk_length(blocks, self.steps_per_block)
         tile_args = (cS, q_base, h_idx, b_idx, q_len, kv_len, captures)
         if cutlass.const_expr(self.config.pipelined):
             # tile 0's S alone; then per tile t: S_t and O += P_{t-1} V_{t-1} issued
@@ -428,7 +385,7 @@ class Sm90FlexAttention:
     # ----------------------------------------------------- ping-pong turns
     # With ``config.pingpong`` the consumer warpgroups take turns issuing their GEMMs, so
     # that one's softmax runs while the other's GEMMs do. Warpgroup w waits for its turn
-    # on named barrier w (bar.sync of its 128 threads) until the other has arrived there
+    # on its turn barrier (bar.sync of its 128 threads) until the other has arrived there
     # (bar.arrive of its 128) after issuing. Warpgroup 1 goes first (2 arrives once
     # before its first turn) and 2 takes the last turn without passing it on, so every
     # arrive has one wait: per warpgroup, its tiles + 1 turns (tile 0's S, each S with
@@ -442,7 +399,7 @@ class Sm90FlexAttention:
     @cute.jit
     def wait_turn(self, wg):
         if cutlass.const_expr(self.config.pingpong):
-            pipeline.NamedBarrier(barrier_id=wg,
+            pipeline.NamedBarrier(barrier_id=FlexBarrier.TURN_WG1 + wg - 1,
                                   num_threads=2 * THREADS_PER_WG).arrive_and_wait()
 
     @cute.jit
@@ -450,7 +407,7 @@ class Sm90FlexAttention:
         """Hand the turn to the other warpgroup (after the ``last`` turn: 1 only)."""
         if cutlass.const_expr(self.config.pingpong):
             if wg == 1 or not last:
-                pipeline.NamedBarrier(barrier_id=3 - wg,
+                pipeline.NamedBarrier(barrier_id=FlexBarrier.TURN_WG2 + 1 - wg,
                                       num_threads=2 * THREADS_PER_WG).arrive()
 
     @cute.jit
@@ -522,10 +479,10 @@ class Sm90FlexAttention:
         """One tile of the online softmax: the row maxima (log2 units) and this thread's
         partial row sums updated, ``acc_s`` <- exp2(s log2e - max) (one FFMA and one ex2
         an element); ``correction`` <- the factors O's two rows are to be rescaled by."""
-        s_mn = cute.make_tensor(acc_s.iterator, _rows_cols(acc_s.layout, self.block_n))
+        s_mn = cute.make_tensor(acc_s.iterator, rows_cols(acc_s.layout, self.block_n))
         cols = cute.size(s_mn, mode=[1])
         for r in cutlass.range_constexpr(2):
-            m_tile = _tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
+            m_tile = tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
             m_new = cute.arch.fmax(row_max[r], m_tile * LOG2E)
             m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
             m_use = cutlass.select_(m_new == -cutlass.Float32.inf, cutlass.Float32(0.0), m_new)
@@ -533,13 +490,13 @@ class Sm90FlexAttention:
             row_max[r] = m_new
             for c in cutlass.range_constexpr(cols):
                 s_mn[r, c] = cute.math.exp2(s_mn[r, c] * LOG2E - m_use, fastmath=True)
-            p_sum = _tree_reduce([s_mn[r, c] for c in range(cols)], operator.add)
+            p_sum = tree_reduce([s_mn[r, c] for c in range(cols)], operator.add)
             row_sum[r] = row_sum[r] * correction[r] + p_sum
 
     @cute.jit
     def rescale(self, acc_o, correction):
         """O's rows times their softmax corrections."""
-        o_mn = cute.make_tensor(acc_o.iterator, _rows_cols(acc_o.layout, self.head_dim))
+        o_mn = cute.make_tensor(acc_o.iterator, rows_cols(acc_o.layout, self.head_dim))
         for r in cutlass.range_constexpr(2):
             for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                 o_mn[r, c] = o_mn[r, c] * correction[r]
@@ -551,7 +508,7 @@ class Sm90FlexAttention:
         d = self.head_dim
         if cutlass.const_expr(acc_o.layout.stride[0] != (1, 2, 4)):
             raise ValueError(f"Sm90FlexAttention: accumulator layout {acc_o.layout}")
-        cO = pv_thr.partition_C(cute.make_identity_tensor((WG_M, d)))
+        cO = pv_thr.partition_C(cute.make_identity_tensor((WGMMA_M, d)))
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)

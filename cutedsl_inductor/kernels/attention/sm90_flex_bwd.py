@@ -66,9 +66,19 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
-from .sm90_flex import LOG2E, THREADS_PER_WG, WG_M, _as_a_operand, in_range
+from ..sm90 import THREADS_PER_WG, WGMMA_M, FlexBwdBarrier
+from .parts import (
+    LOG2E,
+    as_a_operand,
+    block_list,
+    in_range,
+    red_add_f32x2,
+    walk_length,
+    walk_tile,
+)
 
 CONSUMER_WARPS = 8  # two consumer warpgroups
+CAST_THREADS = 256  # the fused dQ's cast kernel: threads per CTA
 
 __all__ = ["Sm90FlexBackward"]
 
@@ -145,7 +155,7 @@ class Sm90FlexBackward:
                  mdV: cute.Tensor, q_num: cute.Tensor, q_idx: cute.Tensor,
                  full_q_num: cute.Tensor, full_q_idx: cute.Tensor, kv_num: cute.Tensor,
                  kv_idx: cute.Tensor, full_kv_num: cute.Tensor, full_kv_idx: cute.Tensor,
-                 captures, stream):
+                 captures, stream, mdQaccum=None):
         dtype = mQ.element_type
         if cutlass.const_expr(dtype not in (cutlass.BFloat16, cutlass.Float16)
                               or mK.element_type != dtype or mV.element_type != dtype
@@ -161,33 +171,50 @@ class Sm90FlexBackward:
         self.group = heads // kv_heads
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         mma_ss = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_k, major_k,
-                                                   cutlass.Float32, (1, 1, 1), (WG_M, 64))
+                                                   cutlass.Float32, (1, 1, 1), (WGMMA_M, 64))
         mma_rs = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_k, major_mn,
-                                                   cutlass.Float32, (1, 1, 1), (WG_M, d),
+                                                   cutlass.Float32, (1, 1, 1), (WGMMA_M, d),
                                                    warpgroup.OperandSource.RMEM)
         # 128-row resident tiles as A operands (two 64-row halves), 64-row ring tiles as B
-        resident = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_M, 64, d), dtype, 2)
-        ring = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (WG_M, 64, d), dtype,
+        resident = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WGMMA_M, 64, d), dtype, 2)
+        ring = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (WGMMA_M, 64, d), dtype,
                                              self.stages)
         self.tile_bytes = cute.size_in_bytes(dtype, cute.slice_(ring, (None, None, 0)))
-        self._define_smem(dtype, resident, ring)
+        # fused dQ: each stage's dS tile (Q_STEP x KV_TILE, as two 64-column halves), the A
+        # operand of dQ = dS K, queries contiguous (written from the dS^T registers)
+        ds_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (Q_STEP, 64, 64),
+                                                  dtype, 2 * self.stages)
+        self._define_smem(dtype, resident, ring, ds_layout)
         q_views = [self._rows_view(t, q_len, heads, batch) for t in (mQ, mdO)]
         # dK/dV: K and V resident, Q and dO in the ring; Q tiles walked per KV tile
         self.q_steps_per_block = min(self.config.sparse_q_block // Q_STEP,
                                      (q_len + Q_STEP - 1) // Q_STEP)
         kv_views = [self._kv_view(t, kv_len, kv_heads, batch, kv_batch, 1) for t in (mK, mV)]
-        tmas = [x for t in kv_views for x in _tma(t, resident, WG_M, d)]
+        tmas = [x for t in kv_views for x in _tma(t, resident, WGMMA_M, d)]
         tmas += [x for t in q_views for x in _tma(t, ring, Q_STEP, d)]
-        self.kernel_dkdv(*tmas, mdK, mdV, mLSE, mDelta, q_num, q_idx, full_q_num, full_q_idx,
-                         captures, mma_ss, mma_rs, resident, ring).launch(
-            grid=[(kv_len + KV_TILE - 1) // KV_TILE, kv_heads, batch],
-            block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        dkdv_args = (*tmas, mdK, mdV, mLSE, mDelta, q_num, q_idx, full_q_num, full_q_idx,
+                     captures, mma_ss, mma_rs, resident, ring)
+        dkdv_launch = dict(grid=[(kv_len + KV_TILE - 1) // KV_TILE, kv_heads, batch],
+                           block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        if cutlass.const_expr(self.config.fused_dq):
+            # dQ's fp32 accumulator, the zeroed workspace as (B, H, Q_LEN, D)
+            accum = cute.make_tensor(mdQaccum.iterator, cute.make_layout(
+                (batch, heads, q_len, d), stride=(heads * q_len * d, q_len * d, d, 1)))
+            # dQ = dS K: the Q step's dS (A, queries contiguous) and K^T (B, MN-major), the
+            # head dim split between the consumer warpgroups
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_mn, major_mn,
+                                                       cutlass.Float32, (1, 2, 1),
+                                                       (WGMMA_M, d // 2))
+            self.kernel_dkdvq(*dkdv_args, accum, mma_dq, ds_layout).launch(**dkdv_launch)
+            self.cast_dq(accum, mdQ, stream)
+            return
+        self.kernel_dkdv(*dkdv_args).launch(**dkdv_launch)
         # dQ: Q and dO resident, K and V in the ring; KV tiles walked per Q tile
         self.kv_steps_per_block = min(self.config.sparse_kv_block // KV_STEP,
                                       (kv_len + KV_STEP - 1) // KV_STEP)
         kv_views = [self._kv_view(t, kv_len, kv_heads, batch, kv_batch, self.group)
                     for t in (mK, mV)]
-        tmas = [x for t in q_views for x in _tma(t, resident, WG_M, d)]
+        tmas = [x for t in q_views for x in _tma(t, resident, WGMMA_M, d)]
         tmas += [x for t in kv_views for x in _tma(t, ring, KV_STEP, d)]
         self.kernel_dq(*tmas, mdQ, mLSE, mDelta, kv_num, kv_idx, full_kv_num, full_kv_idx,
                        captures, mma_ss, mma_rs, resident, ring).launch(
@@ -210,8 +237,9 @@ class Sm90FlexBackward:
             (rows, t.shape[3], ((group, kv_heads), batch)),
             stride=(t.stride[2], 1, ((0, t.stride[1]), b_stride))))
 
-    def _define_smem(self, dtype, resident, ring):
+    def _define_smem(self, dtype, resident, ring, ds_layout):
         stages = self.stages
+        ds_elems = cute.cosize(ds_layout) if self.config.fused_dq else 0
 
         @cute.struct
         class BwdSmem:
@@ -224,58 +252,46 @@ class Sm90FlexBackward:
             # each consumer warp's LSE and delta of its Q tile (the dK/dV kernel's)
             stats: cute.struct.Align[cute.struct.MemRange[cutlass.Float32,
                                                           CONSUMER_WARPS * 2 * Q_STEP], 16]
+            # the fused dQ's dS tiles (empty without it)
+            sdS: cute.struct.Align[cute.struct.MemRange[dtype, ds_elems], 1024]
 
         self.smem_struct = BwdSmem
 
-    def _smem(self, resident, ring):
+    def _smem(self, resident, ring, ds_layout=None):
         """(resident pipeline, ring pipeline, the two resident and two ring tensors, the
-        stats rows: (Q_STEP, (LSE | delta, consumer warp)))."""
+        stats rows: (Q_STEP, (LSE | delta, consumer warp)), the dS tiles where
+        ``ds_layout`` is given, else None)."""
         smem = SmemAllocator().allocate(self.smem_struct)
+        sdS = None
+        if ds_layout is not None:
+            sdS = smem.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
         return (_pipeline(smem.resident_bars.data_ptr(), 1, 4 * self.tile_bytes),
                 _pipeline(smem.ring_bars.data_ptr(), self.stages, 2 * self.tile_bytes),
                 smem.sA0.get_tensor(resident.outer, swizzle=resident.inner),
                 smem.sA1.get_tensor(resident.outer, swizzle=resident.inner),
                 smem.sB0.get_tensor(ring.outer, swizzle=ring.inner),
                 smem.sB1.get_tensor(ring.outer, swizzle=ring.inner),
-                smem.stats.get_tensor(cute.make_layout((Q_STEP, (2, CONSUMER_WARPS)))))
+                smem.stats.get_tensor(cute.make_layout((Q_STEP, (2, CONSUMER_WARPS)))),
+                sdS)
 
     # ------------------------------------------------------- BlockMask walk
     @cute.jit
-    def block_list(self, sparse, tile, rows, sparse_block, h_idx, b_idx):
-        """(sparse batch, sparse head, sparse block, partial count, full count, lists) of
-        the block holding row ``tile * rows`` of the CTA's dimension."""
-        num, idx, full_num, full_idx = sparse
-        sb = b_idx % num.shape[0]
-        sh = h_idx % num.shape[1]
-        blk = (tile * rows) // sparse_block
-        partial = cutlass.Int32(num[sb, sh, blk])
-        full = cutlass.Int32(0)
-        if cutlass.const_expr(self.config.has_full_blocks):
-            full = cutlass.Int32(full_num[sb, sh, blk])
-        return sb, sh, blk, partial, full, idx, full_idx
+    def blocks_of(self, lists, tile, rows, sparse_block, h_idx, b_idx):
+        return block_list(lists, self.config.has_full_blocks, tile, rows, sparse_block, h_idx,
+                          b_idx)
 
     @cute.jit
     def tile_of(self, blocks, t, per_block, steps):
         """The tile index of step ``t`` of a walk, and whether its block is partial."""
-        sb, sh, blk, partial, full, idx, full_idx = blocks
-        j = t // steps
-        sub = t - j * steps
-        block = cutlass.Int32(0)
-        is_partial = j < partial
-        if is_partial:
-            block = cutlass.Int32(idx[sb, sh, blk, j])
-        else:
-            if cutlass.const_expr(self.config.has_full_blocks):
-                block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
-        return block * per_block + sub, is_partial
+        return walk_tile(blocks, self.config.has_full_blocks, t, per_block, steps)
 
     # ------------------------------------------------------------- producers
     @cute.jit
     def load_resident(self, pipe, tma_a, g_a, tma_b, g_b, s_a, s_b, tile, l_idx):
         """Both 128-row resident tiles (two 64-row halves each) into the one stage."""
         d = self.head_dim
-        pa_s, pa_g = _partition(tma_a, s_a, g_a, WG_M, d)
-        pb_s, pb_g = _partition(tma_b, s_b, g_b, WG_M, d)
+        pa_s, pa_g = _partition(tma_a, s_a, g_a, WGMMA_M, d)
+        pb_s, pb_g = _partition(tma_b, s_b, g_b, WGMMA_M, d)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
@@ -472,7 +488,7 @@ class Sm90FlexBackward:
     @cute.jit
     def gemm_rs(self, mma, acc, values, frag_b, b_index):
         """acc += A B, A the 64 x 64 registers ``values`` (input dtype); issued."""
-        frag_a = cute.make_tensor(values.iterator, _as_a_operand(values.layout, 64))
+        frag_a = cute.make_tensor(values.iterator, as_a_operand(values.layout, 64))
         mma.set(warpgroup.Field.ACCUMULATE, True)
         for kb in cutlass.range_constexpr(64 // 16):
             cute.gemm(mma, acc, frag_a[(None, None, kb)], frag_b[(None, None, kb, b_index)], acc)
@@ -487,14 +503,39 @@ class Sm90FlexBackward:
                     full_q_idx: cute.Tensor, captures, mma_ss: cute.TiledMma,
                     mma_rs: cute.TiledMma, resident: cute.ComposedLayout,
                     ring: cute.ComposedLayout):
+        self.dkdv_body((tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do), mdK, mdV, mLSE,
+                       mDelta, (q_num, q_idx, full_q_num, full_q_idx), captures, mma_ss, mma_rs,
+                       resident, ring, None)
+
+    @cute.kernel
+    def kernel_dkdvq(self, tma_k: cute.CopyAtom, g_k: cute.Tensor, tma_v: cute.CopyAtom,
+                     g_v: cute.Tensor, tma_q: cute.CopyAtom, g_q: cute.Tensor,
+                     tma_do: cute.CopyAtom, g_do: cute.Tensor, mdK: cute.Tensor,
+                     mdV: cute.Tensor, mLSE: cute.Tensor, mDelta: cute.Tensor,
+                     q_num: cute.Tensor, q_idx: cute.Tensor, full_q_num: cute.Tensor,
+                     full_q_idx: cute.Tensor, captures, mma_ss: cute.TiledMma,
+                     mma_rs: cute.TiledMma, resident: cute.ComposedLayout,
+                     ring: cute.ComposedLayout, accum: cute.Tensor, mma_dq: cute.TiledMma,
+                     ds_layout: cute.ComposedLayout):
+        """The dK/dV kernel that also adds each Q step's dS K into ``accum`` (fp32)."""
+        self.dkdv_body((tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do), mdK, mdV, mLSE,
+                       mDelta, (q_num, q_idx, full_q_num, full_q_idx), captures, mma_ss, mma_rs,
+                       resident, ring, (accum, mma_dq, ds_layout))
+
+    @cute.jit
+    def dkdv_body(self, loads, mdK, mdV, mLSE, mDelta, sparse, captures, mma_ss, mma_rs,
+                  resident, ring, dq):
+        """Warp 0 loads, the consumer warpgroups compute; ``dq``: None, or the fused dQ's
+        (accumulator, MMA, dS smem layout)."""
+        tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do = loads
         tidx, _, _ = cute.arch.thread_idx()
         n_tile, hkv, b_idx = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             for atom in (tma_k, tma_v, tma_q, tma_do):
                 cpasync.prefetch_descriptor(atom)
-        kv_pipe, q_pipe, sK, sV, sQ, sdO, s_stats = self._smem(resident, ring)
-        sparse = (q_num, q_idx, full_q_num, full_q_idx)
+        kv_pipe, q_pipe, sK, sV, sQ, sdO, s_stats, sdS = self._smem(
+            resident, ring, dq[2] if cutlass.const_expr(dq is not None) else None)
         if warp // 4 == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
@@ -505,9 +546,9 @@ class Sm90FlexBackward:
                                                      self.stages)
                 for g in cutlass.range(self.group, unroll=1):
                     h_idx = hkv * self.group + g
-                    blocks = self.block_list(sparse, n_tile, KV_TILE,
-                                             self.config.sparse_kv_block, h_idx, b_idx)
-                    for t in cutlass.range((blocks[3] + blocks[4]) * self.q_steps_per_block,
+                    blocks = self.blocks_of(sparse, n_tile, KV_TILE,
+                                            self.config.sparse_kv_block, h_idx, b_idx)
+                    for t in cutlass.range(walk_length(blocks, self.q_steps_per_block),
                                            unroll=1):
                         m_tile, _ = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
                                                  self.q_steps_per_block)
@@ -517,13 +558,16 @@ class Sm90FlexBackward:
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             stats = s_stats[None, (None, warp - 4)]
+            fused = None
+            if cutlass.const_expr(dq is not None):
+                fused = self.dq_parts(dq[0], dq[1], mma_ss, sdS, sK, tidx)
             self.consumer_dkdv(kv_pipe, q_pipe, (sK, sV, sQ, sdO), mma_ss, mma_rs, tidx,
                                n_tile, hkv, b_idx, mdK, mdV, (mLSE, mDelta, stats), sparse,
-                               captures)
+                               captures, fused)
 
     @cute.jit
     def consumer_dkdv(self, kv_pipe, q_pipe, tiles, mma_ss, mma_rs, tidx, n_tile, hkv, b_idx,
-                      mdK, mdV, stats, sparse, captures):
+                      mdK, mdV, stats, sparse, captures, fused):
         sK, sV, sQ, sdO = tiles
         wg = tidx // THREADS_PER_WG
         ss_thr = mma_ss.get_slice(tidx % THREADS_PER_WG)
@@ -534,27 +578,27 @@ class Sm90FlexBackward:
                  mma_ss.make_fragment_B(ss_thr.partition_B(sdO)),
                  mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sQ))),
                  mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sdO))))
-        acc_dk = cute.make_rmem_tensor(rs_thr.partition_shape_C((WG_M, self.head_dim)),
+        acc_dk = cute.make_rmem_tensor(rs_thr.partition_shape_C((WGMMA_M, self.head_dim)),
                                        cutlass.Float32)
         acc_dv = cute.make_rmem_tensor(acc_dk.layout, cutlass.Float32)
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
-        coords = rs_thr.partition_C(cute.make_identity_tensor((WG_M, self.head_dim)))
-        kv_base = n_tile * KV_TILE + (wg - 1) * WG_M
+        coords = rs_thr.partition_C(cute.make_identity_tensor((WGMMA_M, self.head_dim)))
+        kv_base = n_tile * KV_TILE + (wg - 1) * WGMMA_M
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_pipe.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for g in cutlass.range(self.group, unroll=1):
             h_idx = hkv * self.group + g
-            blocks = self.block_list(sparse, n_tile, KV_TILE, self.config.sparse_kv_block,
+            blocks = self.blocks_of(sparse, n_tile, KV_TILE, self.config.sparse_kv_block,
                                      h_idx, b_idx)
-            for t in cutlass.range((blocks[3] + blocks[4]) * self.q_steps_per_block, unroll=1):
+            for t in cutlass.range(walk_length(blocks, self.q_steps_per_block), unroll=1):
                 m_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
                                                   self.q_steps_per_block)
                 q_pipe.consumer_wait(state)
                 self.dkdv_step(frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, state.index, wg,
                                is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, stats,
-                               captures)
+                               captures, fused)
                 q_pipe.consumer_release(state)
                 state.advance()
         self.store_rows(acc_dk, coords, mdK, kv_base, self.kv_len, b_idx, hkv,
@@ -563,20 +607,20 @@ class Sm90FlexBackward:
 
     @cute.jit
     def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
-                  q_base, kv_base, b_idx, h_idx, stats, captures):
+                  q_base, kv_base, b_idx, h_idx, stats, captures, fused):
         """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q. The
         tile's LSE and delta go through the warp's stats rows in shared memory, loaded
         while S^T and dP^T run: in registers (16 of each a thread) they left the
         accumulators too few at head dim 128."""
         tSrK, tSrV, tSrQ, tSrdO, tKrQt, tVrdOt = frags
-        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WG_M, Q_STEP)), cutlass.Float32)
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)), cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
-        cS = ss_thr.partition_C(cute.make_identity_tensor((WG_M, Q_STEP)))
+        cS = ss_thr.partition_C(cute.make_identity_tensor((WGMMA_M, Q_STEP)))
         mLSE, mDelta, s_stats = stats
         lse, delta = (self.thread_stats(s_stats[None, j], cS) for j in range(2))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
         rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
-        edge = (kv_base + WG_M > self.kv_len) | (q_base + Q_STEP > self.q_len)
+        edge = (kv_base + WGMMA_M > self.kv_len) | (q_base + Q_STEP > self.q_len)
         warpgroup.fence()
         self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
         if cutlass.const_expr(self.config.pipelined):
@@ -608,7 +652,86 @@ class Sm90FlexBackward:
             self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
         self.gemm_rs(mma_rs, acc_dk, rdS, tKrQt, stage)
         warpgroup.commit_group()
+        if cutlass.const_expr(fused is not None):
+            self.dq_step(fused, rdS, stage, wg, q_base, b_idx, h_idx)
         warpgroup.wait_group(0)
+
+    # ------------------------------------------------------------- fused dQ
+    @cute.jit
+    def dq_parts(self, accum, mma_dq, mma_ss, sdS, sK, tidx):
+        """What ``dq_step`` needs, made once per consumer thread: the dQ MMA's fragments
+        (dS tiles as A, K^T as B: this warpgroup's half of the head dim), its accumulator
+        and coordinates, and the store of dS^T's registers into a dS tile."""
+        ctid = tidx - THREADS_PER_WG  # 0 .. 255 over both consumer warpgroups
+        dq_thr = mma_dq.get_slice(ctid)
+        acc_dq = cute.make_rmem_tensor(dq_thr.partition_shape_C((Q_STEP, self.head_dim)),
+                                       cutlass.Float32)
+        store = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
+                                                                  num_matrices=4), self.dtype),
+            mma_ss)
+        st_thr = store.get_slice(tidx % THREADS_PER_WG)
+        return (accum, mma_dq, acc_dq,
+                dq_thr.partition_C(cute.make_identity_tensor((Q_STEP, self.head_dim))),
+                mma_dq.make_fragment_A(dq_thr.partition_A(sdS)),
+                mma_dq.make_fragment_B(dq_thr.partition_B(_transposed(sK))),
+                store, st_thr, st_thr.partition_D(_transposed(sdS)))
+
+    @cute.jit
+    def dq_step(self, fused, rdS, stage, wg, q_base, b_idx, h_idx):
+        """dQ of one Q step: both warpgroups' dS^T halves into the stage's dS tile, then
+        dQ = dS K (each warpgroup its half of the head dim) added into the accumulator.
+        A stage's tile is rewritten two steps later, by when both warpgroups have passed
+        this step's barrier, so its dQ GEMM (waited for at the step's end) has read it."""
+        accum, mma_dq, acc_dq, coords, frag_ds, frag_kt, store, st_thr, ds_dst = fused
+        cute.copy(store, st_thr.retile(rdS), ds_dst[(None, None, None, wg - 1 + 2 * stage)])
+        # the generic-proxy stores made visible to WGMMA's async proxy, then both halves in
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.NamedBarrier(barrier_id=FlexBwdBarrier.DS_WRITTEN,
+                              num_threads=2 * THREADS_PER_WG).arrive_and_wait()
+        warpgroup.fence()
+        for half in cutlass.range_constexpr(2):
+            for kb in cutlass.range_constexpr(cute.size(frag_ds, mode=[2])):
+                mma_dq.set(warpgroup.Field.ACCUMULATE, half + kb != 0)
+                cute.gemm(mma_dq, acc_dq, frag_ds[(None, None, kb, half + 2 * stage)],
+                          frag_kt[(None, None, kb, half)], acc_dq)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
+            crd = coords[i]
+            row = q_base + crd[0]
+            if row < self.q_len:
+                red_add_f32x2(accum.iterator + cute.crd2idx((b_idx, h_idx, row, crd[1]),
+                                                            accum.layout),
+                              acc_dq[i], acc_dq[i + 1])
+
+    @cute.jit
+    def cast_dq(self, accum, mdQ, stream):
+        """dQ = accum * sm_scale in the input dtype, one thread per 8 values of a row."""
+        rows = cute.size(accum.shape[0]) * cute.size(accum.shape[1]) * self.q_len
+        total = rows * (self.head_dim // 8)
+        self.kernel_cast(accum, mdQ, total).launch(
+            grid=[(total + CAST_THREADS - 1) // CAST_THREADS, 1, 1],
+            block=[CAST_THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel_cast(self, accum: cute.Tensor, mdQ: cute.Tensor, total: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * CAST_THREADS + tidx
+        if i < total:
+            chunks = self.head_dim // 8
+            row = i // chunks
+            col = (i - row * chunks) * 8
+            q_idx = row % self.q_len
+            h_idx = (row // self.q_len) % self.heads
+            b_idx = row // (self.q_len * self.heads)
+            crd = (b_idx, h_idx, q_idx, col)
+            src = cute.make_tensor(accum.iterator + cute.crd2idx(crd, accum.layout),
+                                   cute.make_layout(8))
+            dst = cute.make_tensor(mdQ.iterator + cute.crd2idx(crd, mdQ.layout),
+                                   cute.make_layout(8))
+            dst.store((src.load() * self.config.sm_scale).to(self.dtype))
 
     # -------------------------------------------------------------- dQ kernel
     @cute.kernel
@@ -625,8 +748,8 @@ class Sm90FlexBackward:
         if warp == 0:
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
-        q_pipe, kv_pipe, sQ, sdO, sK, sV, _ = self._smem(resident, ring)
-        blocks = self.block_list((kv_num, kv_idx, full_kv_num, full_kv_idx), m_tile, Q_TILE,
+        q_pipe, kv_pipe, sQ, sdO, sK, sV, _, _ = self._smem(resident, ring)
+        blocks = self.blocks_of((kv_num, kv_idx, full_kv_num, full_kv_idx), m_tile, Q_TILE,
                                  self.config.sparse_q_block, h_idx, b_idx)
         l_idx = h_idx + self.heads * b_idx
         if warp // 4 == 0:
@@ -636,7 +759,7 @@ class Sm90FlexBackward:
                 parts = self.ring_parts(tma_k, sK, g_k, tma_v, sV, g_v)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
-                for t in cutlass.range((blocks[3] + blocks[4]) * self.kv_steps_per_block,
+                for t in cutlass.range(walk_length(blocks, self.kv_steps_per_block),
                                        unroll=1):
                     n_tile, _ = self.tile_of(blocks, t, self.config.sparse_kv_block // KV_STEP,
                                              self.kv_steps_per_block)
@@ -660,21 +783,21 @@ class Sm90FlexBackward:
         tSrK = mma_ss.make_fragment_B(ss_thr.partition_B(sK))
         tSrV = mma_ss.make_fragment_B(ss_thr.partition_B(sV))
         tQrKt = mma_rs.make_fragment_B(rs_thr.partition_B(_transposed(sK)))
-        acc_dq = cute.make_rmem_tensor(rs_thr.partition_shape_C((WG_M, self.head_dim)),
+        acc_dq = cute.make_rmem_tensor(rs_thr.partition_shape_C((WGMMA_M, self.head_dim)),
                                        cutlass.Float32)
         acc_dq.fill(0.0)
-        coords = rs_thr.partition_C(cute.make_identity_tensor((WG_M, self.head_dim)))
-        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WG_M, KV_STEP)), cutlass.Float32)
+        coords = rs_thr.partition_C(cute.make_identity_tensor((WGMMA_M, self.head_dim)))
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, KV_STEP)), cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
-        cS = ss_thr.partition_C(cute.make_identity_tensor((WG_M, KV_STEP)))
-        q_base = m_tile * Q_TILE + (wg - 1) * WG_M
+        cS = ss_thr.partition_C(cute.make_identity_tensor((WGMMA_M, KV_STEP)))
+        q_base = m_tile * Q_TILE + (wg - 1) * WGMMA_M
         lse = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         delta = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         self.load_stats(mLSE, mDelta, cS, q_base, b_idx, h_idx, lse, delta)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_pipe.consumer_wait(q_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for t in cutlass.range((blocks[3] + blocks[4]) * self.kv_steps_per_block, unroll=1):
+        for t in cutlass.range(walk_length(blocks, self.kv_steps_per_block), unroll=1):
             n_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_kv_block // KV_STEP,
                                               self.kv_steps_per_block)
             kv_pipe.consumer_wait(state)
@@ -684,7 +807,7 @@ class Sm90FlexBackward:
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             kv_base = n_tile * KV_STEP
-            edge = (q_base + WG_M > self.q_len) | (kv_base + KV_STEP > self.kv_len)
+            edge = (q_base + WGMMA_M > self.q_len) | (kv_base + KV_STEP > self.kv_len)
             self.keep_scores(acc_s, None, cS, lse, False, is_partial, edge, q_base, kv_base,
                              b_idx, h_idx, captures)
             self.score_grads(acc_s, acc_dp, cS, lse, delta, False, q_base, kv_base, b_idx,

@@ -18,17 +18,15 @@ from typing import Any, Optional
 import torch
 
 from ...compile.dtypes import cutlass_dtype_name
+from ..sm90 import SMEM_BYTES
 
 __all__ = [
     "GemmConfig", "config_error", "gemm_dtype", "dtype_bytes", "DEFAULT_GROUP_SIZE",
-    "SPLIT_K_CHOICES", "TILE_N_CHOICES", "SM90_SMEM_CAPACITY", "THREADS_PER_WG",
+    "SPLIT_K_CHOICES", "TILE_N_CHOICES",
 ]
 
-# Usable dynamic shared memory per CTA on sm_90 (227 KiB).
-SM90_SMEM_CAPACITY = 227 * 1024
 # Reserved for mbarriers + alignment padding of the smem carve-out.
 SMEM_RESERVED = 1024 + 256
-THREADS_PER_WG = 128
 MAX_CLUSTER_CTAS = 8  # the portable cluster size
 MAX_ACC_REGS = 192  # fp32 accumulator registers per consumer thread (of 232)
 SPLIT_K_CHOICES = (1, 2, 4, 8)  # 8 = the portable maximum cluster size
@@ -236,7 +234,7 @@ class GemmConfig:
         b_bytes = ab_bytes if b_bytes is None else b_bytes
         per_stage = (self.tile_m * a_tiles * ab_bytes
                      + self.tile_n * b_tiles * b_bytes) * self.tile_k
-        budget = (SM90_SMEM_CAPACITY - SMEM_RESERVED
+        budget = (SMEM_BYTES - SMEM_RESERVED
                   - epilogue_bytes(c_bytes, self.consumer_wgs) - self.reduce_bytes())
         fit = budget // per_stage
         if self.stages:

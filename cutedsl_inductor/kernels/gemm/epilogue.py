@@ -22,7 +22,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
-from .config import THREADS_PER_WG
+from ..sm90 import THREADS_PER_WG, GemmBarrier
 from .ptx import EVICT_NORMAL
 
 _EPI_UNIT = 16  # accumulator values per thread in one epilogue unit, where there are as many
@@ -171,7 +171,7 @@ class TmaStore:
         split = gemm.split_k
         # TMA stores per tile by this CTA (sub-tiles s with s % split == rank)
         self.subs_per_cta = (self.num_subs - split_rank + split - 1) // split
-        self.epi_bar = pipeline.NamedBarrier(barrier_id=1 + pp_wg,
+        self.epi_bar = pipeline.NamedBarrier(barrier_id=GemmBarrier.EPILOGUE_WG0 + pp_wg,
                                              num_threads=gemm.tile_threads)
         self.store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=gemm.epi_stages,

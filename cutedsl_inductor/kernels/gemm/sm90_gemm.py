@@ -39,7 +39,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .config import THREADS_PER_WG, GemmConfig, epilogue_stages, gemm_dtype
+from ..sm90 import THREADS_PER_WG, GemmBarrier
+from .config import GemmConfig, epilogue_stages, gemm_dtype
 from .epilogue import DirectStore, EpilogueHooks, TmaStore, epilogue_unit
 from .operands import Loads, make_operands
 from .ptx import EVICT_FIRST, EVICT_NORMAL, zero_after_release
@@ -51,10 +52,6 @@ __all__ = ["Sm90Gemm"]
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 # The largest operand (bytes, all batches) whose singly-read tiles load evict-first.
 _EVICT_FIRST_MAX_BYTES = 256 * 1024 * 1024
-# Named barriers: 0 is __syncthreads, 1 and 2 the per-warpgroup epilogue barriers, 3 and
-# 4 (of 256 threads) order the ping-pong warpgroups' mainloops.
-_PINGPONG_BARRIER = 3
-
 
 class Walk:
     """The persistent walk of one CTA: its linear cluster-work indices and their tiles."""
@@ -341,12 +338,12 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
     # preceding tile. Both sides are predicated so that every arrive has one wait.
     def pingpong_wait_turn(self, pp_wg):
         """Block this consumer warpgroup until its mainloop turn."""
-        pipeline.NamedBarrier(barrier_id=_PINGPONG_BARRIER + pp_wg,
+        pipeline.NamedBarrier(barrier_id=GemmBarrier.TURN_WG0 + pp_wg,
                               num_threads=2 * THREADS_PER_WG).arrive_and_wait()
 
     def pingpong_pass_turn(self, pp_wg):
         """Hand the mainloop turn to the other consumer warpgroup."""
-        pipeline.NamedBarrier(barrier_id=_PINGPONG_BARRIER + 1 - pp_wg,
+        pipeline.NamedBarrier(barrier_id=GemmBarrier.TURN_WG0 + 1 - pp_wg,
                               num_threads=2 * THREADS_PER_WG).arrive()
 
     def pingpong_skip_stages(self, read_state, free_state, count):

@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch._inductor import ir
 
+from cutedsl_inductor import config
 from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.compile.specs import Workspace
 from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
 from tests.helpers import make_input, make_layout
 from tests.template.test_subgraph import (
@@ -160,6 +162,20 @@ def test_the_kernels_compile(graph, dtype, head_dim, mods):
         assert "captures[0][" in kernel
     if mods == "soft_cap":
         assert "tanh" in kernel
+
+
+@pytest.mark.parametrize("mods", ["none", "causal", "alibi"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_fused_dq_kernel_compiles_with_its_workspace(graph, head_dim, mods, monkeypatch):
+    """``flex_bwd_fused_dq``: one kernel adds dQ into a zeroed fp32 workspace of the
+    query's size, then a cast kernel writes grad_query."""
+    monkeypatch.setattr(config, "flex_bwd_fused_dq", True)
+    nodes, layout, subgraphs = bwd_inputs(graph, head_dim=head_dim, mods=MODS[mods])
+    choices = []
+    assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert choices[0].workspace == Workspace(B * H * S * head_dim, "float32")
+    assert "FUSED_DQ: cutlass.Constexpr = True" in choices[0].source
+    choices[0].load()
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -1,0 +1,97 @@
+"""The pieces both FlexAttention kernels (``sm90_flex.py``, ``sm90_flex_bwd.py``) use:
+views of WGMMA accumulators, the rule that keeps hook indices in range, and the walk
+over a BlockMask's block lists.
+
+Accumulator views: a 64 x N fp32 WGMMA accumulator holds, per thread, values of layout
+``((2, 2, N / 8), 1, 1)`` with stride ``(1, 2, 4)``: value 0 the column pair, value 1
+the row 8 below, value 2 the 8-column block.
+
+The BlockMask walk, as flex's Triton kernels read it: the tile holding row ``tile *
+rows`` of the CTA's dimension lies in sparse block ``tile * rows // sparse_block`` of
+batch ``b % SPARSE_B``, head ``h % SPARSE_H``; that block lists ``num`` partial blocks
+(``idx``), then ``full_num`` full ones (``full_idx``). Each listed block is
+``per_block`` tiles of the other dimension, of which the first ``steps`` are walked (a
+block reaching past the other length stops at its last tile). Producer and consumers
+walk the same list, so they agree on every tile.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+
+LOG2E = 1.4426950408889634
+
+
+def rows_cols(layout, cols):
+    """The (2 rows, cols / 2 per thread) view of a 64 x ``cols`` accumulator's values."""
+    st = layout.stride[0]
+    return cute.make_layout((2, (2, cols // 8)), stride=(st[1], (st[0], st[2])))
+
+
+def as_a_operand(layout, cols):
+    """The same registers as the A operand of an m64 k16 WGMMA: per k-block of 16 the
+    values ((2 columns, 2 rows, 2 halves of 8 columns), 1, cols / 16)."""
+    st = layout.stride[0]
+    return cute.make_layout(((2, 2, 2), 1, cols // 16),
+                            stride=((st[0], st[1], st[2]), 0, 2 * st[2]))
+
+
+def tree_reduce(values, op):
+    """``op`` over ``values`` as a balanced tree (a dependency chain log2(n) deep, not n)."""
+    while len(values) > 1:
+        pairs = [op(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
+        values = pairs + values[len(values) - len(values) % 2:]
+    return values[0]
+
+
+def in_range(idx, length):
+    """(idx < length, idx where it is, else 0): the index the hooks see, always in range,
+    so that their captured reads need no per-element guard."""
+    inside = idx < length
+    return inside, cutlass.Int32(cutlass.select_(inside, idx, cutlass.Int32(0)))
+
+
+@cute.jit
+def block_list(lists, has_full: cutlass.Constexpr, tile, rows, sparse_block, h_idx, b_idx):
+    """The walk's state for the tile at row ``tile * rows``: (sparse batch, sparse head,
+    sparse block, partial count, full count, partial list, full list). ``lists`` is
+    (num, idx, full_num, full_idx); without full blocks their count is 0."""
+    num, idx, full_num, full_idx = lists
+    sb = b_idx % num.shape[0]
+    sh = h_idx % num.shape[1]
+    blk = (tile * rows) // sparse_block
+    partial = cutlass.Int32(num[sb, sh, blk])
+    full = cutlass.Int32(0)
+    if cutlass.const_expr(has_full):
+        full = cutlass.Int32(full_num[sb, sh, blk])
+    return sb, sh, blk, partial, full, idx, full_idx
+
+
+def walk_length(blocks, steps):
+    """Tiles walked: every listed block's first ``steps``."""
+    return (blocks[3] + blocks[4]) * steps
+
+
+@cute.jit
+def walk_tile(blocks, has_full: cutlass.Constexpr, t, per_block, steps):
+    """The tile index of step ``t`` of the walk, and whether its block is partial."""
+    sb, sh, blk, partial, full, idx, full_idx = blocks
+    j = t // steps
+    sub = t - j * steps
+    block = cutlass.Int32(0)
+    is_partial = j < partial
+    if is_partial:
+        block = cutlass.Int32(idx[sb, sh, blk, j])
+    else:
+        if cutlass.const_expr(has_full):
+            block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
+    return block * per_block + sub, is_partial
+
+
+def red_add_f32x2(ptr, a, b):
+    """Atomically add (a, b) to the two fp32 values at global ``ptr`` (8-byte aligned):
+    one ``red.global.add.v2.f32``, no value returned."""
+    llvm.inline_asm(None, [ptr.toint().ir_value(), cutlass.Float32(a).ir_value(),
+                           cutlass.Float32(b).ir_value()],
+                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
