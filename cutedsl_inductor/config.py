@@ -208,15 +208,16 @@ flex_pipelined: bool = _knob(
     "P_{t-1} V; backward dK/dV: P^T with dP^T, dS^T with dV; off: the serial loops, to "
     "compare)", changes_code=True)
 flex_pingpong: bool = _knob(
-    "flex_pingpong", "CUTEDSL_INDUCTOR_FLEX_PINGPONG", False, Boolean(),
+    "flex_pingpong", "CUTEDSL_INDUCTOR_FLEX_PINGPONG", True, Boolean(),
     "our FlexAttention forward's two consumer warpgroups take turns issuing their GEMMs "
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
-    "only; off until timed on the H200)", changes_code=True)
+    "only; faster on every mask timed, docs/measurements.md)", changes_code=True)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
-    "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (fp32 "
-    "atomics into a zeroed workspace of B*H*Q_LEN*D floats, then cast), five GEMMs per "
-    "tile pair instead of the dQ kernel's three more (off until timed on a GPU)",
+    "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "
+    "reduce-adds into a zeroed fp32 workspace of B*H*Q_LEN*D floats, then cast), five "
+    "GEMMs per tile pair instead of the dQ kernel's three more (off until faster, "
+    "docs/measurements.md)",
     changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",

@@ -32,6 +32,10 @@ class FlexBarrier(enum.IntEnum):
 
 
 class FlexBwdBarrier(enum.IntEnum):
-    """The FlexAttention backward: both consumer warpgroups have written their halves of
-    a Q step's dS tile into shared memory (256 threads), so its dQ GEMM may read it."""
+    """The FlexAttention backward's fused dQ: both consumer warpgroups have written their
+    halves of a Q step's dS tile into shared memory (256 threads), so its dQ GEMM may
+    read it; warpgroup w has written its half of the step's dQ (its 128 threads,
+    ``DQ_WRITTEN_WG1 + w - 1``), so its TMA may add that half to the accumulator."""
     DS_WRITTEN = 1
+    DQ_WRITTEN_WG1 = 2
+    DQ_WRITTEN_WG2 = 3

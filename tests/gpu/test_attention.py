@@ -167,14 +167,16 @@ def test_the_serial_mainloop(monkeypatch, head_dim, mask_mod):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("mask_mod", [None, causal, "document"])
 @pytest.mark.parametrize("q_len, kv_len", [(1000, 1000), (333, 77), (64, 700)])
-def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len):
-    """``config.flex_pingpong`` on: the warpgroups take turns issuing their GEMMs (a turn
-    missed or doubled hangs the CTA; one KV tile, several, a tile only half full)."""
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len, pingpong):
+    """``config.flex_pingpong`` on (the default): the warpgroups take turns issuing their
+    GEMMs (a turn missed or doubled hangs the CTA; one KV tile, several, a tile only half
+    full); off: their GEMMs interleave as the schedulers take them."""
     if mask_mod == "document":
         if q_len != kv_len:
             pytest.skip("document ids index queries and keys alike")
         mask_mod = make_document(q_len)
-    with config.patch(flex_pingpong=True):
+    with config.patch(flex_pingpong=pingpong):
         check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
 
@@ -360,30 +362,32 @@ def test_backward_gqa(kv_heads, mask_mod):
 
 
 # The backward in one kernel (``flex_bwd_fused_dq``): dQ added by every KV tile's CTA
-# into a zeroed fp32 workspace (the output code's, made per call), then cast.
+# into a zeroed fp32 workspace (the output code's, made per call), then cast. Each case
+# is made when it runs (the document mask's cuts are CUDA tensors).
 FUSED_CASES = {
-    "no-mask-200": dict(q_len=200, kv_len=200),
-    "no-mask-100x300-fp16": dict(q_len=100, kv_len=300, dtype=torch.float16),
-    "no-mask-333x77-128": dict(q_len=333, kv_len=77, head_dim=128),
-    "no-mask-1000-128": dict(q_len=1000, kv_len=1000, head_dim=128),
-    "causal-1029": dict(q_len=1029, kv_len=1029, mask_mod=causal),
-    "causal-300-128-per-head": dict(q_len=300, kv_len=300, head_dim=128, mask_mod=causal,
-                                    mask_per_head=True),
-    "document-999-128": dict(q_len=999, kv_len=999, head_dim=128, mask_mod=make_document(999)),
-    "sliding-777-fp16": dict(q_len=777, kv_len=777, mask_mod=sliding_window,
-                             dtype=torch.float16),
-    "alibi-250x410": dict(q_len=250, kv_len=410, score_mod=make_alibi(4)),
-    "soft-cap-causal-500-128": dict(q_len=500, kv_len=500, head_dim=128, score_mod=soft_cap,
-                                    mask_mod=causal),
-    "gqa-2-causal-128": dict(q_len=333, kv_len=333, heads=8, kv_heads=2, head_dim=128,
-                             mask_mod=causal),
-    "gqa-1": dict(q_len=333, kv_len=333, heads=8, kv_heads=1),
+    "no-mask-200": lambda: dict(q_len=200, kv_len=200),
+    "no-mask-100x300-fp16": lambda: dict(q_len=100, kv_len=300, dtype=torch.float16),
+    "no-mask-333x77-128": lambda: dict(q_len=333, kv_len=77, head_dim=128),
+    "no-mask-1000-128": lambda: dict(q_len=1000, kv_len=1000, head_dim=128),
+    "causal-1029": lambda: dict(q_len=1029, kv_len=1029, mask_mod=causal),
+    "causal-300-128-per-head": lambda: dict(q_len=300, kv_len=300, head_dim=128,
+                                            mask_mod=causal, mask_per_head=True),
+    "document-999-128": lambda: dict(q_len=999, kv_len=999, head_dim=128,
+                                     mask_mod=make_document(999)),
+    "sliding-777-fp16": lambda: dict(q_len=777, kv_len=777, mask_mod=sliding_window,
+                                     dtype=torch.float16),
+    "alibi-250x410": lambda: dict(q_len=250, kv_len=410, score_mod=make_alibi(4)),
+    "soft-cap-causal-500-128": lambda: dict(q_len=500, kv_len=500, head_dim=128,
+                                            score_mod=soft_cap, mask_mod=causal),
+    "gqa-2-causal-128": lambda: dict(q_len=333, kv_len=333, heads=8, kv_heads=2,
+                                     head_dim=128, mask_mod=causal),
+    "gqa-1": lambda: dict(q_len=333, kv_len=333, heads=8, kv_heads=1),
 }
 
 
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_backward_fused_dq(case):
-    check_backward(**FUSED_CASES[case], fused=True)
+    check_backward(**FUSED_CASES[case](), fused=True)
 
 
 # Gradients of captured tensors: learnable tables whose gradients our dK/dV kernel adds

@@ -29,8 +29,8 @@ class FlexBwdConfig:
     has_full_blocks: bool  # whether the BlockMask lists full blocks (no mask_mod there)
     sm_scale: float
     pipelined: bool = True  # dK/dV: P and dS overlapped with the GEMMs (False: serial)
-    # dQ accumulated by the dK/dV kernel (fp32 atomics into a workspace, then cast): five
-    # GEMMs per tile pair, not the dQ kernel's three more
+    # dQ accumulated by the dK/dV kernel (TMA reduce-adds of fp32 tiles into a workspace,
+    # then cast): five GEMMs per tile pair, not the dQ kernel's three more
     fused_dq: bool = False
     element_bytes: int = 2
 
@@ -51,10 +51,14 @@ class FlexBwdConfig:
 
     def smem_bytes(self) -> int:
         """The larger of the two kernels' (both resident tiles of 128 rows plus a ring of
-        two 64-row tiles per stage; fused: a Q_STEP x KV_TILE dS tile per stage too)."""
+        two 64-row tiles per stage; fused: a Q_STEP x KV_TILE dS tile per stage and a
+        Q_STEP-row fp32 dQ tile too)."""
         row = self.head_dim * self.element_bytes
-        ds_tiles = self.stages * Q_STEP * KV_TILE * self.element_bytes if self.fused_dq else 0
-        return 2 * 128 * row + self.stages * 2 * 64 * row + ds_tiles + 1024 * 4
+        fused = 0
+        if self.fused_dq:
+            fused = (self.stages * Q_STEP * KV_TILE * self.element_bytes
+                     + Q_STEP * self.head_dim * 4)
+        return 2 * 128 * row + self.stages * 2 * 64 * row + fused + 1024 * 4
 
 
 def default_bwd_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,

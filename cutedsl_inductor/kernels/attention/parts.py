@@ -17,7 +17,6 @@ walk the same list, so they agree on every tile.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 
 LOG2E = 1.4426950408889634
 
@@ -86,12 +85,3 @@ def walk_tile(blocks, has_full: cutlass.Constexpr, t, per_block, steps):
         if cutlass.const_expr(has_full):
             block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
     return block * per_block + sub, is_partial
-
-
-def red_add_f32x2(ptr, a, b):
-    """Atomically add (a, b) to the two fp32 values at global ``ptr`` (8-byte aligned):
-    one ``red.global.add.v2.f32``, no value returned."""
-    llvm.inline_asm(None, [ptr.toint().ir_value(), cutlass.Float32(a).ir_value(),
-                           cutlass.Float32(b).ir_value()],
-                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

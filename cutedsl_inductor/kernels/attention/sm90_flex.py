@@ -33,7 +33,7 @@ TiledMma set only inside a helper is not carried out of the caller's region). pt
 hoists a wgmma wait to the top of the basic block it sits in, so ``scores_step`` traces
 the softmax into both arms of its mask branch: the join, and with it the wait, come
 after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX order).
-With ``FlexConfig.pingpong`` (knob ``flex_pingpong``, off until timed) the two warpgroups
+With ``FlexConfig.pingpong`` (knob ``flex_pingpong``, on by default) the two warpgroups
 take turns issuing their GEMMs (``FlexBarrier``'s turns), so that one's softmax runs while
 the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
 schedulers take them.

@@ -1,7 +1,7 @@
 """FlexAttention backward for Hopper (sm_90a) in CuTe DSL: dQ, dK, dV from Q, K, V, dO,
 the forward's LSE and Inductor's delta = rowsum(dO * O) (less dLSE / ln 2), in two
-kernels launched one after the other on the caller's stream; the only atomics are the
-captured tensors' gradients (below).
+kernels launched one after the other on the caller's stream (or, with fused dQ, one and
+a cast); the only atomics are the captured tensors' gradients (below) and fused dQ's.
 
 dK/dV kernel: one CTA per (128-row KV tile, KV head, Q batch), 3 warpgroups. Warp 0
 loads K and V once (two 64-row halves each) and then, for each Q head of the KV head's
@@ -27,6 +27,13 @@ BlockMask walk (``kv_num_blocks``/``kv_indices``, full blocks): Q and dO residen
 in a ring of 64-row tiles; S = Q K^T, dP = dO V^T, dS as above, dQ += dS K (K as MN-major
 B through a transposed view); dQ * scale stored (rows below Q_LEN).
 
+Fused dQ (``FlexBwdConfig.fused_dq``): the dK/dV kernel computes dQ too, and the dQ
+kernel (with its recomputed S and dP) is not run. Per Q step both warpgroups' dS^T go
+into the stage's dS tile (stmatrix, then a barrier of both), each warpgroup multiplies
+its half of the head dim (dQ = dS K), writes it to its fp32 half tile in shared memory,
+and one TMA reduce-add puts the half into a zeroed fp32 workspace (B, H, Q_LEN, D); a
+cast kernel then writes dQ * scale. Reduce-adds of different CTAs to the same rows are
+atomic in L2: their order, and so dQ's last bits, vary between runs.
 Plain scores (``plain_scores``: the score_mod is the identity and its gradient the incoming
 one): P^T is computed once and kept in fp32, dS^T = P^T (dP^T - delta) with no second
 exp2 (else the score's gradient needs the post-mod score, recomputed). Only partial tiles
@@ -72,7 +79,6 @@ from .parts import (
     as_a_operand,
     block_list,
     in_range,
-    red_add_f32x2,
     walk_length,
     walk_tile,
 )
@@ -184,7 +190,10 @@ class Sm90FlexBackward:
         # operand of dQ = dS K, queries contiguous (written from the dS^T registers)
         ds_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (Q_STEP, 64, 64),
                                                   dtype, 2 * self.stages)
-        self._define_smem(dtype, resident, ring, ds_layout)
+        # and each consumer warpgroup's half of a Q step's dQ, fp32, staged for the TMA
+        dq_layout = sm90_utils.make_smem_layout_epi(cutlass.Float32, LayoutEnum.ROW_MAJOR,
+                                                    (Q_STEP, d // 2), 2)
+        self._define_smem(dtype, resident, ring, ds_layout, dq_layout)
         q_views = [self._rows_view(t, q_len, heads, batch) for t in (mQ, mdO)]
         # dK/dV: K and V resident, Q and dO in the ring; Q tiles walked per KV tile
         self.q_steps_per_block = min(self.config.sparse_q_block // Q_STEP,
@@ -205,7 +214,13 @@ class Sm90FlexBackward:
             mma_dq = sm90_utils.make_trivial_tiled_mma(dtype, dtype, major_mn, major_mn,
                                                        cutlass.Float32, (1, 2, 1),
                                                        (WGMMA_M, d // 2))
-            self.kernel_dkdvq(*dkdv_args, accum, mma_dq, ds_layout).launch(**dkdv_launch)
+            # a half's reduce-add clips the rows past Q_LEN (no other head's rows touched)
+            tma_dq, g_dq = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(),
+                self._rows_view(accum, q_len, heads, batch),
+                cute.slice_(dq_layout, (None, None, 0)), (Q_STEP, d // 2))
+            self.kernel_dkdvq(*dkdv_args, tma_dq, g_dq, mma_dq, ds_layout,
+                              dq_layout).launch(**dkdv_launch)
             self.cast_dq(accum, mdQ, stream)
             return
         self.kernel_dkdv(*dkdv_args).launch(**dkdv_launch)
@@ -237,9 +252,11 @@ class Sm90FlexBackward:
             (rows, t.shape[3], ((group, kv_heads), batch)),
             stride=(t.stride[2], 1, ((0, t.stride[1]), b_stride))))
 
-    def _define_smem(self, dtype, resident, ring, ds_layout):
+    def _define_smem(self, dtype, resident, ring, ds_layout, dq_layout):
         stages = self.stages
-        ds_elems = cute.cosize(ds_layout) if self.config.fused_dq else 0
+        fused = self.config.fused_dq
+        ds_elems = cute.cosize(ds_layout) if fused else 0
+        dq_elems = cute.cosize(dq_layout) if fused else 0
 
         @cute.struct
         class BwdSmem:
@@ -252,19 +269,22 @@ class Sm90FlexBackward:
             # each consumer warp's LSE and delta of its Q tile (the dK/dV kernel's)
             stats: cute.struct.Align[cute.struct.MemRange[cutlass.Float32,
                                                           CONSUMER_WARPS * 2 * Q_STEP], 16]
-            # the fused dQ's dS tiles (empty without it)
+            # the fused dQ's dS tiles and dQ halves (empty without it)
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, ds_elems], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, dq_elems], 1024]
 
         self.smem_struct = BwdSmem
 
-    def _smem(self, resident, ring, ds_layout=None):
+    def _smem(self, resident, ring, fused_layouts=None):
         """(resident pipeline, ring pipeline, the two resident and two ring tensors, the
-        stats rows: (Q_STEP, (LSE | delta, consumer warp)), the dS tiles where
-        ``ds_layout`` is given, else None)."""
+        stats rows: (Q_STEP, (LSE | delta, consumer warp)), the fused dQ's (dS tiles, dQ
+        halves) where ``fused_layouts`` gives their layouts, else None)."""
         smem = SmemAllocator().allocate(self.smem_struct)
-        sdS = None
-        if ds_layout is not None:
-            sdS = smem.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
+        fused = None
+        if fused_layouts is not None:
+            ds_layout, dq_layout = fused_layouts
+            fused = (smem.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner),
+                     smem.sdQ.get_tensor(dq_layout.outer, swizzle=dq_layout.inner))
         return (_pipeline(smem.resident_bars.data_ptr(), 1, 4 * self.tile_bytes),
                 _pipeline(smem.ring_bars.data_ptr(), self.stages, 2 * self.tile_bytes),
                 smem.sA0.get_tensor(resident.outer, swizzle=resident.inner),
@@ -272,7 +292,7 @@ class Sm90FlexBackward:
                 smem.sB0.get_tensor(ring.outer, swizzle=ring.inner),
                 smem.sB1.get_tensor(ring.outer, swizzle=ring.inner),
                 smem.stats.get_tensor(cute.make_layout((Q_STEP, (2, CONSUMER_WARPS)))),
-                sdS)
+                fused)
 
     # ------------------------------------------------------- BlockMask walk
     @cute.jit
@@ -515,18 +535,20 @@ class Sm90FlexBackward:
                      q_num: cute.Tensor, q_idx: cute.Tensor, full_q_num: cute.Tensor,
                      full_q_idx: cute.Tensor, captures, mma_ss: cute.TiledMma,
                      mma_rs: cute.TiledMma, resident: cute.ComposedLayout,
-                     ring: cute.ComposedLayout, accum: cute.Tensor, mma_dq: cute.TiledMma,
-                     ds_layout: cute.ComposedLayout):
-        """The dK/dV kernel that also adds each Q step's dS K into ``accum`` (fp32)."""
+                     ring: cute.ComposedLayout, tma_dq: cute.CopyAtom, g_dq: cute.Tensor,
+                     mma_dq: cute.TiledMma, ds_layout: cute.ComposedLayout,
+                     dq_layout: cute.ComposedLayout):
+        """The dK/dV kernel that also adds each Q step's dS K into dQ's fp32 accumulator
+        (``g_dq``, through ``tma_dq``)."""
         self.dkdv_body((tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do), mdK, mdV, mLSE,
                        mDelta, (q_num, q_idx, full_q_num, full_q_idx), captures, mma_ss, mma_rs,
-                       resident, ring, (accum, mma_dq, ds_layout))
+                       resident, ring, (tma_dq, g_dq, mma_dq, ds_layout, dq_layout))
 
     @cute.jit
     def dkdv_body(self, loads, mdK, mdV, mLSE, mDelta, sparse, captures, mma_ss, mma_rs,
                   resident, ring, dq):
         """Warp 0 loads, the consumer warpgroups compute; ``dq``: None, or the fused dQ's
-        (accumulator, MMA, dS smem layout)."""
+        (TMA atom, accumulator, MMA, dS and dQ smem layouts)."""
         tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do = loads
         tidx, _, _ = cute.arch.thread_idx()
         n_tile, hkv, b_idx = cute.arch.block_idx()
@@ -534,8 +556,10 @@ class Sm90FlexBackward:
         if warp == 0:
             for atom in (tma_k, tma_v, tma_q, tma_do):
                 cpasync.prefetch_descriptor(atom)
-        kv_pipe, q_pipe, sK, sV, sQ, sdO, s_stats, sdS = self._smem(
-            resident, ring, dq[2] if cutlass.const_expr(dq is not None) else None)
+            if cutlass.const_expr(dq is not None):
+                cpasync.prefetch_descriptor(dq[0])
+        kv_pipe, q_pipe, sK, sV, sQ, sdO, s_stats, fused_smem = self._smem(
+            resident, ring, dq[3:] if cutlass.const_expr(dq is not None) else None)
         if warp // 4 == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
@@ -560,7 +584,7 @@ class Sm90FlexBackward:
             stats = s_stats[None, (None, warp - 4)]
             fused = None
             if cutlass.const_expr(dq is not None):
-                fused = self.dq_parts(dq[0], dq[1], mma_ss, sdS, sK, tidx)
+                fused = self.dq_parts(dq[0], dq[1], dq[2], mma_ss, fused_smem, sK, tidx)
             self.consumer_dkdv(kv_pipe, q_pipe, (sK, sV, sQ, sdO), mma_ss, mma_rs, tidx,
                                n_tile, hkv, b_idx, mdK, mdV, (mLSE, mDelta, stats), sparse,
                                captures, fused)
@@ -604,6 +628,9 @@ class Sm90FlexBackward:
         self.store_rows(acc_dk, coords, mdK, kv_base, self.kv_len, b_idx, hkv,
                         self.config.sm_scale)
         self.store_rows(acc_dv, coords, mdV, kv_base, self.kv_len, b_idx, hkv, 1.0)
+        if cutlass.const_expr(fused is not None):
+            if self._dq_leader(tidx):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
@@ -657,13 +684,19 @@ class Sm90FlexBackward:
         warpgroup.wait_group(0)
 
     # ------------------------------------------------------------- fused dQ
+    @staticmethod
+    def _dq_leader(tidx):
+        """Whether this thread's warp issues its warpgroup's dQ reduce-adds (the first)."""
+        return (tidx // 32) % (THREADS_PER_WG // 32) == 0
+
     @cute.jit
-    def dq_parts(self, accum, mma_dq, mma_ss, sdS, sK, tidx):
+    def dq_parts(self, tma_dq, g_dq, mma_dq, mma_ss, fused_smem, sK, tidx):
         """What ``dq_step`` needs, made once per consumer thread: the dQ MMA's fragments
-        (dS tiles as A, K^T as B: this warpgroup's half of the head dim), its accumulator
-        and coordinates, and the store of dS^T's registers into a dS tile."""
-        ctid = tidx - THREADS_PER_WG  # 0 .. 255 over both consumer warpgroups
-        dq_thr = mma_dq.get_slice(ctid)
+        (dS tiles as A, K^T as B: this warpgroup's half of the head dim), its accumulator,
+        the store of dS^T's registers into a dS tile, the accumulator's place in the dQ
+        halves (as one Q_STEP x D tile) and their TMA partitions."""
+        sdS, sdQ = fused_smem
+        dq_thr = mma_dq.get_slice(tidx - THREADS_PER_WG)  # 0 .. 255, both warpgroups
         acc_dq = cute.make_rmem_tensor(dq_thr.partition_shape_C((Q_STEP, self.head_dim)),
                                        cutlass.Float32)
         store = cute.make_tiled_copy_C(
@@ -671,19 +704,28 @@ class Sm90FlexBackward:
                                                                   num_matrices=4), self.dtype),
             mma_ss)
         st_thr = store.get_slice(tidx % THREADS_PER_WG)
-        return (accum, mma_dq, acc_dq,
-                dq_thr.partition_C(cute.make_identity_tensor((Q_STEP, self.head_dim))),
+        dq_smem, dq_gmem = _partition(tma_dq, sdQ, g_dq, Q_STEP, self.head_dim // 2)
+        return (tma_dq, mma_dq, acc_dq,
                 mma_dq.make_fragment_A(dq_thr.partition_A(sdS)),
                 mma_dq.make_fragment_B(dq_thr.partition_B(_transposed(sK))),
-                store, st_thr, st_thr.partition_D(_transposed(sdS)))
+                store, st_thr, st_thr.partition_D(_transposed(sdS)),
+                dq_thr.partition_C(cute.group_modes(sdQ, 1, 3)), dq_smem, dq_gmem)
 
     @cute.jit
     def dq_step(self, fused, rdS, stage, wg, q_base, b_idx, h_idx):
         """dQ of one Q step: both warpgroups' dS^T halves into the stage's dS tile, then
-        dQ = dS K (each warpgroup its half of the head dim) added into the accumulator.
-        A stage's tile is rewritten two steps later, by when both warpgroups have passed
-        this step's barrier, so its dQ GEMM (waited for at the step's end) has read it."""
-        accum, mma_dq, acc_dq, coords, frag_ds, frag_kt, store, st_thr, ds_dst = fused
+        dQ = dS K (each warpgroup its half of the head dim) into the warpgroup's dQ half
+        in shared memory, which one TMA reduce-add puts into the accumulator. A stage's
+        dS tile is rewritten two steps later, by when both warpgroups have passed this
+        step's barrier, so its dQ GEMM (waited for here) has read it."""
+        (tma_dq, mma_dq, acc_dq, frag_ds, frag_kt, store, st_thr, ds_dst, dq_dst, dq_smem,
+         dq_gmem) = fused
+        tidx, _, _ = cute.arch.thread_idx()
+        leader = self._dq_leader(tidx)
+        if leader:
+            # the last step's reduce-add has read this warpgroup's dQ half; the barrier
+            # below tells the other warps
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.copy(store, st_thr.retile(rdS), ds_dst[(None, None, None, wg - 1 + 2 * stage)])
         # the generic-proxy stores made visible to WGMMA's async proxy, then both halves in
         cute.arch.fence_proxy("async.shared", space="cta")
@@ -697,13 +739,15 @@ class Sm90FlexBackward:
                           frag_kt[(None, None, kb, half)], acc_dq)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
-        for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
-            crd = coords[i]
-            row = q_base + crd[0]
-            if row < self.q_len:
-                red_add_f32x2(accum.iterator + cute.crd2idx((b_idx, h_idx, row, crd[1]),
-                                                            accum.layout),
-                              acc_dq[i], acc_dq[i + 1])
+        dq_dst.store(acc_dq.load())
+        # visible to the TMA (async proxy), then the whole half written
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipeline.NamedBarrier(barrier_id=FlexBwdBarrier.DQ_WRITTEN_WG1 + wg - 1,
+                              num_threads=THREADS_PER_WG).arrive_and_wait()
+        if leader:
+            cute.copy(tma_dq, dq_smem[(None, wg - 1)],
+                      dq_gmem[(None, q_base // Q_STEP, wg - 1, h_idx + self.heads * b_idx)])
+            cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def cast_dq(self, accum, mdQ, stream):
