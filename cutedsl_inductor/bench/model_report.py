@@ -1,17 +1,20 @@
 """``bench model``'s report: the line printed per row, the CSV, the table of speedups
 over max-autotune (each the median of the per-round ratios, its range beside it) and of
 first calls, and the plot of the speedups with their ranges (readable on a screen).
-Files are named after the GPU: ``model_bench_h100.csv``."""
+Files are named after the GPU: ``model_bench_h100.csv``. ``agreement`` compares the
+speedups of two runs of the same command (``python -m cutedsl_inductor.bench.model_report
+A.csv B.csv``, as ``benchmarks/model_gpu.sh`` runs it)."""
 
 from __future__ import annotations
 
 import csv
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from .gemm_plot import pyplot
-from .model_variants import settings
+from .model_variants import LEVERS, settings
 
 REFERENCE = "max-autotune"
 
@@ -124,3 +127,42 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def agreement(first: list[dict[str, Any]], second: list[dict[str, Any]],
+              tolerance: float = 0.02) -> tuple[str, bool]:
+    """Each speedup over max-autotune that both runs measured, side by side (rows as
+    ``csv.DictReader`` reads them), and whether all agree within ``tolerance`` (relative)."""
+    key = f"speedup_vs_{REFERENCE}"
+    before = {label(_typed(r)): float(r[key]) for r in first if r.get(key)}
+    lines, worst = [f"  {'row':60} {'run 1':>8} {'run 2':>8} {'diff':>7}"], 0.0
+    for row in second:
+        name = label(_typed(row))
+        if not row.get(key) or name not in before:
+            continue
+        diff = float(row[key]) / before[name] - 1
+        worst = max(worst, abs(diff))
+        lines.append(f"  {name:60} {before[name]:8.3f} {float(row[key]):8.3f} {diff:+7.1%}")
+    agree = len(lines) > 1 and worst <= tolerance
+    lines.append(f"  {len(lines) - 1} speedups, largest difference {worst:.1%}: "
+                 + ("within" if agree else "NOT within") + f" {tolerance:.0%}")
+    return "\n".join(lines), agree
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row read back from the CSV with its settings and graphs as ``label`` takes them."""
+    values = {"": None, "True": True, "False": False}
+    return {**row, "graphs": row["graphs"] == "True",
+            **{lever: values[row.get(lever, "")] for lever in LEVERS}}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m cutedsl_inductor.bench.model_report A.csv B.csv")
+    tables = []
+    for name in sys.argv[1:]:
+        with open(name, newline="") as f:
+            tables.append(list(csv.DictReader(f)))
+    text, agree = agreement(*tables)
+    print(text)
+    sys.exit(0 if agree else 1)

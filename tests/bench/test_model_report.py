@@ -7,6 +7,7 @@ import pytest
 
 from cutedsl_inductor.bench.model_report import (
     add_first_call_ratios,
+    agreement,
     file_stem,
     line,
     plot,
@@ -80,3 +81,21 @@ def test_csv_and_plot_are_named_after_the_gpu(tmp_path):
     assert read[0]["speedup_vs_max-autotune"] == ""  # the reference has no ratio
     plot(table, tmp_path / f"{stem}.png")
     assert (tmp_path / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_runs_agree_where_every_speedup_is_within_two_percent(tmp_path):
+    runs = []
+    for index, factor in enumerate((1.0, 1.015, 1.03)):
+        table = rows()
+        for r in table:
+            if "speedup_vs_max-autotune" in r:
+                r["speedup_vs_max-autotune"] *= factor
+        write_csv(table, tmp_path / f"{index}.csv")
+        with open(tmp_path / f"{index}.csv", newline="") as f:
+            runs.append(list(csv.DictReader(f)))
+    text, agree = agreement(runs[0], runs[1])
+    assert agree and text.endswith("3 speedups, largest difference 1.5%: within 2%")
+    assert "llama decode 8x1024+32 graphs cutedsl fusion off" in text
+    text, agree = agreement(runs[0], runs[2])
+    assert not agree and "+3.0%" in text
+    assert agreement(runs[0], [])[1] is False  # nothing compared, nothing shown
