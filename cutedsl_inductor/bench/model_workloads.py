@@ -127,6 +127,11 @@ class StepRunner:
         self.model.zero_grad(set_to_none=True)
 
     def run(self) -> Any:
+        import torch
+
+        # each step a new CUDA-graph generation: variants alternate in the rounds, and a
+        # graph tree would otherwise take one variant's step for the next of another's
+        torch.compiler.cudagraph_mark_step_begin()
         return step(self.compiled, self.steps.ids, self.steps.train)
 
     def check(self) -> float:
