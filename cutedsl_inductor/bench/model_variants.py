@@ -4,8 +4,9 @@ its own graph.
 ``eager``; ``default`` (torch.compile; ``"reduce-overhead"`` under CUDA graphs);
 ``max-autotune`` (``max_autotune_gemm_backends="ATEN,TRITON"``); ``cutedsl``
 (ATEN,TRITON,CUTEDSL, with our levers where set, else the package's: ``epilogue_fusion``,
-``gemm_pdl``, ``prologue_fusion``); ``cutedsl-no-triton`` (ATEN,CUTEDSL). The max-autotune variants take the
-options of ``mode="max-autotune"`` (CUDA graphs) or ``"max-autotune-no-cudagraphs"``.
+``gemm_pdl``, ``prologue_fusion``); ``cutedsl-no-triton`` (ATEN,CUTEDSL). The
+max-autotune variants take the options of ``mode="max-autotune"`` (CUDA graphs) or
+``"max-autotune-no-cudagraphs"``.
 
 Several variants live in one process, so that they can be timed in interleaved rounds.
 Each is ``torch.compile`` of its own copy of the model (or of a function that takes its
