@@ -49,7 +49,8 @@ for r in ${RUNS:-1 2}; do
   t0=$(date +%s)
   CUTEDSL_FLEET_RUN=$r setsid --wait timeout --kill-after=5 -s TERM "${RUN_S:-330}" \
     python3 -m cutedsl_inductor bench model --families llama --workloads prefill \
-    --variants max-autotune,cutedsl --fusion on --steps 10 --out "$OUT/remote$r" \
+    --variants max-autotune,cutedsl --fusion on --layers 2 --rounds 1 --steps 1 \
+    --out "$OUT/remote$r" \
     > "$OUT/remote$r.log" 2>&1
   echo "run $r rc $? in $(( $(date +%s) - t0 )) s"
   reap $r
@@ -57,4 +58,4 @@ for r in ${RUNS:-1 2}; do
 done
 /root/redis/usr/bin/redis-cli -p 6390 info stats 2>/dev/null | grep -E "keyspace|total_net" || true
 cp /root/redis/redis.log "$OUT/" 2>/dev/null
-tar czf "$OUT/remote_logs.tgz" /tmp/cutedsl-bench-model-*/*/logs 2>/dev/null
+tar czf "$OUT/remote_logs.tgz" "$OUT"/remote*/logs 2>/dev/null

@@ -18,6 +18,8 @@
 #                                             lever off and on: the backward's fused dQ, the
 #                                             forward's ping-pong; ATTENTION_ARGS as above,
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
+#                                             model (benchmarks/model_gpu.sh: Llama prefill
+#                                             and real decode, twice, the runs compared)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -82,12 +84,14 @@ for s in $steps; do
     autotune_cost) step autotune_cost python3 -m benchmarks.autotune_cost ;;
     compile_workers) step compile_workers python3 -m benchmarks.compile_workers --workers 2,8 ;;
     model_cold) step model_cold python3 -m cutedsl_inductor bench model --families llama \
-        --workloads prefill --variants max-autotune,cutedsl,cutedsl-no-triton --steps 10 \
+        --workloads prefill --variants max-autotune,cutedsl,cutedsl-no-triton \
         --out "$OUT/model_cold" ;;
     pdl) step pdl_test gpu_tests tests/gpu/test_gemm.py -k pdl
         step pdl_model python3 -m cutedsl_inductor bench model --families llama \
-        --workloads decode-graphs,decode --variants max-autotune,cutedsl --pdl off,on \
-        --no-warm --steps 10 --profile 5 --out "$OUT/pdl_model" ;;
+        --workloads decode --contexts 1024 --batches 1,64 --graphs off,on \
+        --variants max-autotune,cutedsl --pdl off,on --no-first-calls --profile 5 \
+        --out "$OUT/pdl_model" ;;
+    model) step model bash benchmarks/model_gpu.sh ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \

@@ -13,6 +13,7 @@ median round."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,13 +25,15 @@ def median_ms(fn: Any, cuda_graph: bool = False, rep: int = 100) -> float:
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def interleaved_ms(fns: dict[Any, Any], rounds: int, rep: int = 50) -> dict[Any, list[float]]:
-    """Per name of ``fns``, the ``do_bench`` median (``rep`` ms of calls) of each of
-    ``rounds`` rounds, every round timing the functions in the order given."""
+def interleaved_ms(fns: dict[Any, Any], rounds: int, rep: int = 50,
+                   measure: Callable[[Any], float] | None = None) -> dict[Any, list[float]]:
+    """Per name of ``fns``, the ms of each of ``rounds`` rounds, every round timing the
+    functions in the order given: ``measure(fn)``, by default the ``do_bench`` median of
+    ``rep`` ms of calls."""
     times: dict[Any, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(median_ms(fn, rep=rep))
+            times[name].append(measure(fn) if measure else median_ms(fn, rep=rep))
     return times
 
 

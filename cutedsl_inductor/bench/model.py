@@ -1,46 +1,42 @@
 """``python -m cutedsl_inductor bench model``: real models from transformers under
-torch.compile, with and without our kernels, every variant measured in one run.
+torch.compile, with and without our kernels, timed in interleaved rounds in one process.
 
-Families (random weights, bf16, sdpa attention, ``--layers`` decoder layers, default 2):
-``llama`` (Llama-3-8B shapes: hidden 4096, MLP 14336 with SwiGLU, 32 heads, 8 KV heads,
-vocab 128256) and ``gpt2`` (GPT-2 XL shapes: hidden 1600, Linear + bias + GELU MLPs of
-6400, 25 heads, vocab 50257). Workloads: ``prefill`` (4 x 2048 tokens, no grad),
-``decode`` (64 sequences of one token, no grad), ``decode-graphs`` (the same under CUDA
-graphs: ``mode="max-autotune"``, ``"reduce-overhead"`` for Inductor's default) and
-``train`` (2 x 2048 tokens, forward and backward of ``logits.float().square().mean()``).
-Variants: ``eager``, ``default`` (torch.compile), ``max-autotune`` (ATEN,TRITON) and
-``cutedsl`` (ATEN,TRITON,CUTEDSL; ``--fusion`` on and/or off, default: the package's
-``config.epilogue_fusion``; ``--pdl`` on and/or off, default: ``config.gemm_pdl``);
-``cutedsl-no-triton`` (ATEN,CUTEDSL, fusion and PDL as ``cutedsl``) runs only when named,
-to tell what Triton's choices beside ours change.
+Families (``model_families.py``, random weights, bf16, ``--layers`` layers, default 8:
+the LM head is then a small part of the model): ``llama``, ``mistral``, ``phi3``, ``gpt2``
+and the encoder ``bert``. Workloads (``model_workloads.py``): ``prefill``, ``decode``
+(``model_decode.py``: a static KV cache, contexts ``--contexts`` x batches ``--batches``,
+``--new-tokens`` generated per unit), ``small-m`` (64 sequences of one token, no cache) and
+``train``; ``decode`` and ``small-m`` with and without CUDA graphs (``--graphs``).
+Variants (``model_variants.py``): ``eager``, ``default``, ``max-autotune`` (ATEN,TRITON),
+``cutedsl`` (ATEN,TRITON,CUTEDSL; its levers ``--fusion``, ``--pdl`` and ``--prologue``
+on and/or off, default the package's, or ``--levers``: the package's settings and each
+lever flipped alone) and ``cutedsl-no-triton`` (ATEN,CUTEDSL).
 
-Each measurement runs in a process of its own (``python -m cutedsl_inductor.bench.model
---child CASE``) with fresh Inductor and kernel caches: its first call is the cold figure;
-a second process on the same caches gives the warm one (and must hit the FX graph cache,
-compile no CuTe kernel and autotune nothing). ``cutedsl`` with fusion off shares the
-caches of fusion on (its first call is not a cold figure), and so does each ``--pdl``
-setting after the first. ms per step: the median of ``--steps`` CUDA-event-timed calls
-after warm-ups; host ms per step (``host_ms``): of 8-step bursts timed without synchronizing,
-so that a step near its ms is host-bound. Every output (logits; for ``train``
-the loss and every parameter's gradient) is checked against an fp32 copy of the model:
-its relative error must stay within twice that of eager bf16 (plus 1e-3), and finite;
-for ``train`` a second step must also double the gradients (accumulation into them);
-a step after the timed ones (under CUDA graphs, a replay) is checked the same way.
-Each first call, cold and warm, is broken down (``first_call.py``: torch's compile and
-its parts, ours, the rest; ``fc_*`` and ``warm_fc_*`` columns, a line under the row).
-Prints the table, writes ``--out``/model_bench.csv and model_bench.png (speedups over
-max-autotune first).
+Per family and workload, one process (``model_measure.Job``) compiles every variant, each
+under its own Inductor options, and times them in interleaved rounds; each of our
+variants' speedup over max-autotune is the median of the per-round ratios, with their
+range. That process runs on the caches of the environment (Inductor's and ours as
+configured: a second run finds them warm). Before it, unless ``--no-first-calls``, each
+compiled variant's first call runs in a fresh process with fresh caches (the cold figure,
+broken down by ``first_call.py``), and a second process on the same caches gives the warm
+one (``--no-warm`` skips it): on the workload's first shape, their figures join that
+shape's rows, with each cold and warm first call over max-autotune's. ``cutedsl``'s later
+lever settings share the first one's caches (their first calls are not cold). Every
+output is checked against an fp32 copy of the model: the relative error must stay within
+twice eager bf16's, plus 1e-3.
+
+Prints a line per row as each process ends and the table of speedups at the end; writes
+``--out``/model_bench_<gpu>.csv (after each process) and .png (``model_report.py``), and
+each process's log to ``--out``/logs.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
+import itertools
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,287 +45,153 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..autotune import retime
-from ..compile import compiler
-from . import first_call
-from .args import one_of, output_folder, parse_count
-from .model_profile import profile_steps, table
-from .model_report import add_ratios, line, plot, summary, write_csv
+from .args import one_of, output_folder, parse_count, parse_rounds
+from .first_call import describe
+from .model_families import FAMILIES
+from .model_measure import FirstCall, Job, measure_first_call, measure_job
+from .model_profile import table as profile_table
+from .model_report import add_first_call_ratios, file_stem, line, plot, summary, write_csv
+from .model_variants import LEVERS, NAMES, Variant
+from .model_workloads import GRAPHS, STEPS, WORKLOADS, Shape
 
-FAMILIES = ("llama", "gpt2")
-WORKLOADS = {"prefill": (4, 2048), "decode": (64, 1), "decode-graphs": (64, 1),
-             "train": (2, 2048)}
-VARIANTS = ("eager", "default", "max-autotune", "cutedsl", "cutedsl-no-triton")
-DEFAULT_VARIANTS = VARIANTS[:4]
-BACKENDS = {"max-autotune": "ATEN,TRITON", "cutedsl": "ATEN,TRITON,CUTEDSL",
-            "cutedsl-no-triton": "ATEN,CUTEDSL"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    family: str
-    workload: str
-    variant: str
-    layers: int = 2
-    batch: int = 0  # 0: the workload's default (WORKLOADS)
-    seq: int = 0
-    fusion: bool | None = None  # cutedsl only; None: config.epilogue_fusion as set
-    pdl: bool | None = None  # cutedsl only; None: config.gemm_pdl as set
-    gemm_backends: str = ""  # "": the variant's (BACKENDS)
-    steps: int = 15
-    warmup: int = 3
-    profile: int = 0  # steps run under torch.profiler after the timed ones (model_profile)
-
-    @property
-    def tokens(self) -> tuple[int, int]:
-        batch, seq = WORKLOADS[self.workload]
-        return self.batch or batch, self.seq or seq
+DEFAULT_VARIANTS = ("eager", "max-autotune", "cutedsl")
+CONTEXTS, BATCHES = (1024, 4096), (1, 8, 64)
+QUICK = {"contexts": (1024,), "batches": (8,), "rounds": 5, "steps": 3}
+ROW = "ROW "  # a child's stdout line that carries a row
 
 
-def build_model(family: str, layers: int) -> Any:
-    """A ``family`` model of ``layers`` layers, random weights, bf16, on the GPU."""
-    import torch
-    import transformers
-
-    if family == "llama":
-        cfg = transformers.LlamaConfig(
-            hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-            num_key_value_heads=8, num_hidden_layers=layers, vocab_size=128256,
-            max_position_embeddings=8192, rope_theta=500000.0)
-        cls = transformers.LlamaForCausalLM
-    elif family == "gpt2":
-        cfg = transformers.GPT2Config(
-            n_embd=1600, n_inner=6400, n_head=25, n_layer=layers, vocab_size=50257,
-            n_positions=2048, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        cls = transformers.GPT2LMHeadModel
+def variants_of(args: argparse.Namespace) -> tuple[Variant, ...]:
+    """The variants named, ours once per combination of the lever settings given or, with
+    ``--levers``, at the package's settings and then once per lever flipped alone."""
+    if args.levers:
+        flipped = [{lever: not getattr(config, knob)} for lever, knob in LEVERS.items()]
+        ours = [{}, *flipped]
     else:
-        raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return cls(cfg).to(torch.bfloat16)
+        ours = [dict(zip(LEVERS, values))
+                for values in itertools.product(*(getattr(args, lever) for lever in LEVERS))]
+    return tuple(Variant(name, **settings) for name in args.variants
+                 for settings in (ours if name.startswith("cutedsl") else [{}]))
 
 
-def _step(model: Any, ids: Any, train: bool) -> Any:
-    """One step: the logits, or (train) the loss after its backward."""
-    logits = model(input_ids=ids, use_cache=False).logits
-    if not train:
-        return logits
-    loss = logits.float().square().mean()
-    loss.backward()
-    return loss
+def shapes_of(workload: str, family: str, args: argparse.Namespace) -> tuple[Shape, ...]:
+    graphs = args.graphs if workload in GRAPHS else [False]
+    if workload == "decode":
+        return tuple(Shape(batch, context, on) for context in args.contexts
+                     for batch in args.batches for on in graphs)
+    batch, seq = FAMILIES[family].fit(*(args.tokens or STEPS[workload]))
+    return tuple(Shape(batch, seq, on) for on in graphs)
 
 
-def _outputs(model: Any, result: Any, train: bool) -> list[Any]:
-    """What is checked: the logits, or the loss and every parameter's gradient (fp32)."""
-    if not train:
-        return [result.detach().float().clone()]
-    return [result.detach().float().reshape(1)] + [
-        p.grad.float().clone() for p in model.parameters() if p.grad is not None]
+def jobs_of(args: argparse.Namespace) -> list[Job]:
+    """A job per family and workload it runs (an encoder: prefill and train)."""
+    return [Job(family, workload, shapes_of(workload, family, args), variants_of(args),
+                layers=args.layers, new_tokens=args.new_tokens, steps=args.steps,
+                rounds=args.rounds, warmup=args.warmup, profile=args.profile)
+            for family in args.families for workload in args.workloads
+            if FAMILIES[family].decoder or workload in ("prefill", "train")]
 
 
-def _rel_errors(outputs: list[Any], refs: list[Any]) -> float:
-    """The largest relative (Frobenius) error over the outputs; inf if any is not finite."""
-    errors = []
-    for out, ref in zip(outputs, refs, strict=True):
-        if not bool(out.isfinite().all()):
-            return float("inf")
-        errors.append(float((out - ref).norm() / ref.norm().clamp_min(1e-30)))
-    return max(errors)
+def first_calls_of(job: Job) -> list[tuple[FirstCall, str]]:
+    """Each compiled variant's first call on the job's first shape, with its cache group:
+    the first case of a group starts its caches cold."""
+    return [(FirstCall(job.family, job.workload, job.shapes[0], variant, job.layers,
+                       job.new_tokens), f"{job.family}-{job.workload}-{variant.name}")
+            for variant in job.variants if variant.name != "eager"]
 
 
-def _compiled(case: Case, model: Any) -> Any:
-    """The model as the variant runs it."""
-    import torch
-
-    if case.variant == "eager":
-        return model
-    graphs = case.workload == "decode-graphs"
-    if case.variant == "default":
-        return torch.compile(model, mode="reduce-overhead" if graphs else None)
-    torch._inductor.config.max_autotune_gemm_backends = (case.gemm_backends
-                                                         or BACKENDS[case.variant])
-    if case.fusion is not None:
-        config.epilogue_fusion = case.fusion
-    if case.pdl is not None:
-        config.gemm_pdl = case.pdl
-    return torch.compile(model, mode="max-autotune" if graphs else "max-autotune-no-cudagraphs")
-
-
-def _output_code_kernels() -> int:
-    """How many CuteDSL kernels the output code compiled in this process defines."""
-    from torch._inductor.codecache import PyCodeCache
-
-    names = set()
-    for module in list(PyCodeCache.modules):
-        path = getattr(module, "__file__", None)
-        if path and os.path.exists(path):
-            names |= set(re.findall(r"^(cutedsl_\w+) = load_kernel\(",
-                                    Path(path).read_text(), re.M))
-    return len(names)
-
-
-def measure(case: Case) -> dict[str, Any]:
-    """Run ``case`` in this process (see the module docstring); its row of figures."""
-    import torch
-    from torch._dynamo.utils import counters
-
-    train = case.workload == "train"
-    model = build_model(case.family, case.layers)
-    model.train(train)
-    batch, seq = case.tokens
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
-    reference = copy.deepcopy(model).float()
-    with torch.set_grad_enabled(train):
-        refs = _outputs(reference, _step(reference, ids, train), train)
-        del reference
-        eager_error = _rel_errors(_outputs(model, _step(model, ids, train), train), refs)
-        model.zero_grad(set_to_none=True)
-        runner = _compiled(case, model)
-        recorder = first_call.Recorder()
-        start = time.perf_counter()
-        result = _step(runner, ids, train)
-        torch.cuda.synchronize()
-        first_call_s = time.perf_counter() - start
-        breakdown = recorder.columns(first_call_s) if case.variant != "eager" else {}
-        outputs = _outputs(model, result, train)
-        error = _rel_errors(outputs, refs)
-        if train:  # a second step adds its gradients to the first's
-            _step(runner, ids, train)
-            doubled = [2 * grad for grad in outputs[1:]]
-            error = max(error, _rel_errors(_outputs(model, result, train)[1:], doubled))
-        del result, outputs
-        ms = _median_step_ms(lambda: _step(runner, ids, train), model, case)
-        host_ms = _host_step_ms(lambda: _step(runner, ids, train), model)
-        gpu = (profile_steps(lambda: _step(runner, ids, train),
-                             lambda: model.zero_grad(set_to_none=True), case.profile, ms)
-               if case.profile else {})
-        # the last timed step (a CUDA graph's replay, where graphs are on) is checked too
-        model.zero_grad(set_to_none=True)
-        error = max(error, _rel_errors(_outputs(model, _step(runner, ids, train), train), refs))
-    return {**dataclasses.asdict(case), "tokens": f"{batch}x{seq}", "ms": ms,
-            "host_ms": host_ms,
-            "first_call_s": first_call_s, "rel_err": error, "rel_err_eager": eager_error,
-            "ok": error <= 2 * eager_error + 1e-3,
-            "cute_compiled": compiler.stats["compiled"],
-            "cute_kernels": _output_code_kernels(),
-            "fx_hits": counters["inductor"]["fxgraph_cache_hit"]
-            + counters["aot_autograd"]["autograd_cache_hit"],
-            "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
-            "fx_bypasses": counters["inductor"]["fxgraph_cache_bypass"]
-            + counters["inductor"]["fxgraph_cache_pickle_error"],
-            "retimed": len(retime._WINNERS),
-            # a warm process's kernels load without CuTe DSL (``runtime/loader.py``)
-            "cutlass_imported": "cutlass" in sys.modules, **breakdown, **gpu}
-
-
-def _median_step_ms(step: Any, model: Any, case: Case) -> float:
-    import torch
-
-    times = []
-    for index in range(case.warmup + case.steps):
-        model.zero_grad(set_to_none=True)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        if index >= case.warmup:
-            times.append(begin.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _host_step_ms(step: Any, model: Any, burst: int = 8, rounds: int = 10) -> float:
-    """Host ms per step: the median over ``rounds`` of ``burst`` back-to-back steps timed
-    without synchronizing, the GPU idle at each round's start. A burst stays under the
-    launch queue's depth (about a thousand launches), so the host never waits for the GPU:
-    a step whose host ms is near its ms is host-bound."""
-    import torch
-
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(burst):
-            model.zero_grad(set_to_none=True)
-            step()
-        times.append((time.perf_counter() - start) / burst * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def run_child(case: Case, caches: Path, kernels: Path | None = None,
-              timeout_s: float = 1800) -> dict[str, Any]:
-    """``measure(case)`` in a fresh process whose Inductor caches are under ``caches``
-    (its log too, in ``caches``/logs), its kernel cache in ``kernels`` (default:
-    ``caches``/kernels); raises with the log's end if it fails."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-           "CUTEDSL_INDUCTOR_CACHE_DIR": str(kernels or caches / "kernels"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
-    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor.bench.model", "--child",
-                          json.dumps(dataclasses.asdict(case))],
-                         env=env, capture_output=True, text=True, timeout=timeout_s)
-    logs = caches / "logs"
+def run_child(kind: str, payload: str, logs: Path, caches: Path | None = None,
+              kernels: Path | None = None, timeout_s: float = 3600
+              ) -> tuple[list[dict[str, Any]], str]:
+    """A measurement in a fresh process (``kind``: ``--job`` or ``--first-call``), its log
+    in ``logs``; with ``caches``, Inductor's and our caches there (fresh where new; our
+    kernels in ``kernels`` where given). Its rows and, where it failed, why (else "")."""
+    env = dict(os.environ)
+    if caches is not None:
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+                   CUTEDSL_INDUCTOR_CACHE_DIR=str(kernels or caches / "kernels"),
+                   TORCHINDUCTOR_FX_GRAPH_CACHE="1")
     logs.mkdir(parents=True, exist_ok=True)
-    fusion = {None: "", True: "-fusion", False: "-no-fusion"}[case.fusion]
-    pdl = {None: "", True: "-pdl", False: "-no-pdl"}[case.pdl]
-    log_name = f"{case.family}-{case.workload}-{case.variant}{fusion}{pdl}-{time.time_ns()}.log"
-    (logs / log_name).write_text(run.stderr)
-    if run.returncode != 0:
-        raise RuntimeError(f"{case} failed (rc {run.returncode}):\n{run.stderr[-4000:]}")
-    row = json.loads(run.stdout.strip().splitlines()[-1])
-    # Inductor prints a table per autotuning it times (its counters cannot tell: an FX
-    # graph cache hit adds the counts of the compile it replays)
-    row["autotunings"] = len(re.findall(r"^AUTOTUNE ", run.stderr, re.M))
-    return row
+    log = logs / f"{kind.strip('-')}-{time.time_ns()}.log"
+    with open(log, "w") as err:
+        err.write(payload + "\n")
+        err.flush()
+        try:
+            run = subprocess.run([sys.executable, "-m", "cutedsl_inductor.bench.model", kind,
+                                  payload], env=env, stdout=subprocess.PIPE, stderr=err,
+                                 text=True, timeout=timeout_s)
+            stdout, failed = run.stdout, run.returncode != 0 and f"rc {run.returncode}"
+        except subprocess.TimeoutExpired as expired:
+            stdout, failed = expired.stdout or "", f"over {timeout_s:.0f} s"
+    text = log.read_text()
+    rows = [json.loads(out[len(ROW):]) for out in stdout.splitlines() if out.startswith(ROW)]
+    if kind == "--first-call":  # Inductor prints a table per autotuning it times
+        for row in rows:
+            row["autotunings"] = len(re.findall(r"^AUTOTUNE ", text, re.M))
+    return rows, f"{failed}, log {log}:\n{text[-3000:]}" if failed else ""
 
 
-def cases_of(args: argparse.Namespace) -> list[tuple[Case, str]]:
-    """Every (case, cache group) of a run: cases of one group share caches, the first
-    of a group starts them cold (``cutedsl``'s other fusion and PDL settings join the first's
-    group)."""
-    batch, seq = args.tokens or (0, 0)
-    cases = []
-    for family in args.families:
-        for workload in args.workloads:
-            for variant in args.variants:
-                ours = variant.startswith("cutedsl")
-                for fusion in args.fusion if ours else [None]:
-                    for pdl in args.pdl if ours else [None]:
-                        case = Case(family, workload, variant, layers=args.layers,
-                                    batch=batch, seq=seq, fusion=fusion, pdl=pdl,
-                                    steps=args.steps, profile=args.profile)
-                        cases.append((case, f"{family}-{workload}-{variant}"))
-    return cases
-
-
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    root = Path(tempfile.mkdtemp(prefix="cutedsl-bench-model-"))
-    started: set[str] = set()
-    for case, group in cases_of(args):
-        caches = root / group
+def _first_call_figures(job: Job, args: argparse.Namespace, root: Path, logs: Path
+                        ) -> tuple[dict[Variant, dict[str, Any]], list[str]]:
+    figures, failures, started = {}, [], set()
+    for case, group in first_calls_of(job):
         cold = group not in started
         started.add(group)
-        row = run_child(case, caches)
-        row["caches"] = "cold" if cold else "shared"
-        if cold and case.variant != "eager" and args.warm:
-            warm = run_child(case, caches)
-            row.update(first_call_warm_s=warm["first_call_s"], warm_ok=warm["ok"],
-                       warm_cute_compiled=warm["cute_compiled"], warm_fx_hits=warm["fx_hits"],
-                       warm_fx_misses=warm["fx_misses"], warm_autotunings=warm["autotunings"],
-                       warm_retimed=warm["retimed"],
-                       warm_cutlass_imported=warm["cutlass_imported"],
-                       **{f"warm_{k}": v for k, v in warm.items() if k.startswith("fc_")})
-        rows.append(row)
-        print(line(row), flush=True)
-        for text in (first_call.describe(row), first_call.describe(row, warm=True)):
-            if text:
-                print(f"    first call {text}", flush=True)
-        write_csv(rows, args.out / "model_bench.csv")
-    add_ratios(rows)
-    write_csv(rows, args.out / "model_bench.csv")
-    return rows
+        rows, failed = run_child("--first-call", case.to_json(), logs, root / group)
+        if failed:
+            failures.append(f"{job.family} {job.workload} {case.variant.label} first call "
+                            f"{failed}")
+            continue
+        first = rows[0] | {"caches": "cold" if cold else "shared"}
+        if cold and args.warm:
+            rows, failed = run_child("--first-call", case.to_json(), logs, root / group)
+            if failed:
+                failures.append(f"{job.family} {job.workload} {case.variant.label} warm "
+                                f"first call {failed}")
+            else:
+                warm = rows[0]
+                first.update(first_call_warm_s=warm["first_call_s"],
+                             warm_ok=warm["first_call_ok"],
+                             **{f"warm_{key}": value for key, value in warm.items()
+                                if key.startswith("fc_") or key in (
+                                    "cute_compiled", "fx_hits", "fx_misses", "autotunings",
+                                    "retimed", "cutlass_imported")})
+        figures[case.variant] = first
+    return figures, failures
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every job of the run (first calls, then the interleaved process): the rows and the
+    failures."""
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    root = Path(tempfile.mkdtemp(prefix="cutedsl-bench-model-"))
+    logs = args.out / "logs"
+    for job in jobs_of(args):
+        figures: dict[Variant, dict[str, Any]] = {}
+        if args.first_calls:
+            figures, failed = _first_call_figures(job, args, root, logs)
+            failures += failed
+        print(f"--- {job.family} {job.workload}: {len(job.shapes)} shape(s) x "
+              f"{len(job.variants)} variant(s)", flush=True)
+        job_rows, failed = run_child("--job", job.to_json(), logs)
+        if failed:
+            failures.append(f"{job.family} {job.workload} {failed}")
+        first = job.shapes[0]
+        for row in job_rows:
+            if (row["batch"], row["seq"], row["graphs"]) == (first.batch, first.seq, first.graphs):
+                row.update(figures.get(Variant.of_row(row), {}))
+        for row in job_rows:
+            print(line(row), flush=True)
+            for text in (describe(row), describe(row, warm=True)):
+                if text:
+                    print(f"    first call {text}", flush=True)
+        rows += job_rows
+        if rows:
+            write_csv(rows, args.out / f"{file_stem(rows)}.csv")
+    add_first_call_ratios(rows)
+    if rows:
+        write_csv(rows, args.out / f"{file_stem(rows)}.csv")
+    return rows, failures
 
 
 def _parse_tokens(text: str) -> tuple[int, int]:
@@ -339,54 +201,124 @@ def _parse_tokens(text: str) -> tuple[int, int]:
     return int(batch), int(seq)
 
 
-def _switches(option: str) -> Any:
-    """The parser of ``option``'s values: on, off, default (the package's) or a list."""
-    values = {"on": True, "off": False, "default": None}
+def _counts(option: str) -> Any:
+    def parse(text: str) -> tuple[int, ...]:
+        parts = text.split(",")
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"{option} {text!r}: positive integers, "
+                                             "comma-separated")
+        return tuple(int(p) for p in parts)
 
-    def parse(text: str) -> list[bool | None]:
+    return parse
+
+
+def _switches(option: str, values: dict[str, Any]) -> Any:
+    """The parser of ``option``'s values: a comma-separated list of ``values``' keys."""
+    def parse(text: str) -> list[Any]:
         parts = text.split(",")
         if any(p not in values for p in parts):
-            raise argparse.ArgumentTypeError(f"{option} {text!r}: on, off, default or a list")
+            raise argparse.ArgumentTypeError(f"{option} {text!r}: {', '.join(values)} or a list")
         return [values[p] for p in parts]
 
     return parse
 
 
+_SETTING = {"on": True, "off": False, "default": None}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--families", type=one_of(FAMILIES, "family", all_of=True),
+    p.add_argument("--families", type=one_of(tuple(FAMILIES), "family", all_of=True),
                    default=list(FAMILIES))
-    p.add_argument("--workloads", type=one_of(tuple(WORKLOADS), "workload", all_of=True),
+    p.add_argument("--workloads", type=one_of(WORKLOADS, "workload", all_of=True),
                    default=list(WORKLOADS))
-    p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
+    p.add_argument("--variants", type=one_of(NAMES, "variant", all_of=True),
                    default=list(DEFAULT_VARIANTS))
-    p.add_argument("--fusion", type=_switches("--fusion"), default=[None],
+    p.add_argument("--fusion", type=_switches("--fusion", _SETTING), default=[None],
                    help="cutedsl's epilogue fusion: on, off, default (the package's) or a list")
-    p.add_argument("--pdl", type=_switches("--pdl"), default=[None],
+    p.add_argument("--pdl", type=_switches("--pdl", _SETTING), default=[None],
                    help="cutedsl's GEMMs with programmatic dependent launch "
                         "(config.gemm_pdl): on, off, default or a list")
-    p.add_argument("--layers", type=parse_count, default=2)
+    p.add_argument("--prologue", type=_switches("--prologue", _SETTING), default=[None],
+                   help="cutedsl's prologue fusion (config.prologue_fusion): on, off, "
+                        "default or a list")
+    p.add_argument("--levers", action="store_true",
+                   help="cutedsl at the package's settings, then with each lever (fusion, "
+                        "pdl, prologue) flipped alone, in the same rounds (instead of "
+                        "--fusion, --pdl and --prologue)")
+    p.add_argument("--layers", type=parse_count, default=8)
     p.add_argument("--tokens", type=_parse_tokens, default=None,
-                   help="BATCHxSEQ for every workload (default: each workload's own)")
-    p.add_argument("--steps", type=parse_count, default=15)
+                   help="BATCHxSEQ for prefill, small-m and train (default: each one's own)")
+    p.add_argument("--contexts", type=_counts("--contexts"), default=None,
+                   help=f"decode's prompt lengths (default {','.join(map(str, CONTEXTS))})")
+    p.add_argument("--batches", type=_counts("--batches"), default=None,
+                   help=f"decode's batch sizes (default {','.join(map(str, BATCHES))})")
+    p.add_argument("--new-tokens", type=parse_count, default=32,
+                   help="tokens each timed decode unit generates")
+    p.add_argument("--graphs", type=_switches("--graphs", {"on": True, "off": False}),
+                   default=[False, True], help="decode and small-m without (off) and/or "
+                   "under (on) CUDA graphs (default off,on)")
+    p.add_argument("--steps", type=parse_count, default=None,
+                   help="timed units (steps; decode: generations) per variant per round "
+                        "(default 5)")
+    p.add_argument("--rounds", type=parse_rounds, default=None,
+                   help="interleaved rounds (default 7); the median round ratio counts")
+    p.add_argument("--warmup", type=parse_count, default=3,
+                   help="units per variant before the rounds (compiles, records graphs)")
+    p.add_argument("--quick", action="store_true",
+                   help="decode at context 1024 and batch 8 alone, 5 rounds of 3 units")
     p.add_argument("--profile", type=parse_count, default=0, metavar="N",
-                   help="also run N steps under torch.profiler: GPU ms per step by kernel "
+                   help="also run N units under torch.profiler: GPU ms per step by kernel "
                    "category, and the time no kernel ran (default 0: off)")
+    p.add_argument("--no-first-calls", dest="first_calls", action="store_false",
+                   help="skip the first calls in fresh processes (cold and warm)")
     p.add_argument("--no-warm", dest="warm", action="store_false",
-                   help="skip the warm second process of each variant")
-    p.add_argument("--out", type=output_folder, default=Path("bench-out"))
+                   help="skip the warm second process of each first call")
+    p.add_argument("--out", type=output_folder, default=Path("bench-out"),
+                   help="folder for model_bench_<gpu>.csv and .png, and the logs")
+
+
+def settle(args: argparse.Namespace) -> argparse.Namespace:
+    """The options ``--quick`` or the defaults give where none was given."""
+    preset = QUICK if args.quick else {"contexts": CONTEXTS, "batches": BATCHES, "rounds": 7,
+                                       "steps": 5}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    limit = min((FAMILIES[f].max_seq for f in args.families if FAMILIES[f].decoder),
+                default=None)
+    if "decode" in args.workloads and limit and max(args.contexts) + args.new_tokens > limit:
+        raise SystemExit(f"bench model: a context of {max(args.contexts)} and "
+                         f"{args.new_tokens} new tokens pass the {limit} positions of a family")
+    return args
 
 
 def main(args: argparse.Namespace) -> int:
-    rows = run(args)
+    rows, failures = run(settle(args))
     print(summary(rows))
-    print(table(rows))
-    plot(rows, args.out / "model_bench.png")
-    print(f"\nwrote {args.out / 'model_bench.csv'} and {args.out / 'model_bench.png'}")
-    return 0 if all(r["ok"] and r.get("warm_ok", True) for r in rows) else 1
+    print(profile_table(rows))
+    if rows:
+        stem = file_stem(rows)
+        plot(rows, args.out / f"{stem}.png")
+        print(f"\nwrote {args.out / stem}.csv and .png")
+    for failure in failures:
+        print(f"\nFAILED: {failure}")
+    ok = all(r["ok"] and r.get("first_call_ok", True) and r.get("warm_ok", True) for r in rows)
+    return 0 if ok and not failures else 1
+
+
+def _child(kind: str, payload: str) -> None:
+    import torch
+
+    environment = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                   "torch": torch.__version__}
+    rows = ([measure_first_call(FirstCall.from_json(payload))] if kind == "--first-call"
+            else measure_job(Job.from_json(payload)))
+    for row in rows:
+        print(ROW + json.dumps(environment | row), flush=True)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(measure(Case(**json.loads(sys.argv[2])))))
+    if len(sys.argv) == 3 and sys.argv[1] in ("--job", "--first-call"):
+        _child(sys.argv[1], sys.argv[2])
     else:
         sys.exit("usage: python -m cutedsl_inductor bench model ...")

@@ -1,8 +1,8 @@
-"""``bench model --profile N``: where a step's GPU time goes. N steps run under
-torch.profiler (CUDA activity only) after the timed ones; every kernel is put in one
-category by its name, and the row gets each category's kernel time per step, the
-kernels' total, and the step's time the GPU ran no kernel (``idle``: the timed median
-minus the kernels' total; launch gaps and host waits). The ten kernels with the most
+"""``bench model --profile N``: where a step's GPU time goes. N units (steps; for decode,
+generations) run under torch.profiler (CUDA activity only) after the timed ones; every
+kernel is put in one category by its name, and the row gets each category's kernel time
+per step, the kernels' total, and the step's time the GPU ran no kernel (``idle``: the
+timed median minus the kernels' total; launch gaps and host waits). The ten kernels with the most
 time per step go to the child's log.
 
 Categories: ``cutedsl`` (CuTe DSL kernels, ours or a template author's: the DSL names
@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Callable
+from typing import Any
+
+from .model_report import label
+from .model_workloads import Runner
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +64,22 @@ def gpu_breakdown(kernels: list[tuple[str, float]], steps: int, step_ms: float
     return row, [(name, ms, count / steps) for name, (ms, count) in top]
 
 
-def profile_steps(step: Callable[[], Any], before: Callable[[], None], steps: int,
-                  step_ms: float) -> dict[str, Any]:
-    """Run ``step`` ``steps`` times under torch.profiler (``before`` ahead of each, as the
-    timed loop does); their GPU breakdown."""
+def profile_units(runner: Runner, units: int, step_ms: float) -> dict[str, Any]:
+    """Run ``units`` of ``runner``'s units under torch.profiler; their GPU breakdown per
+    step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            before()
-            step()
+        for _ in range(units):
+            runner.prepare()
+            for _ in range(runner.per_unit):
+                runner.run()
         torch.cuda.synchronize()
     kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.startswith(("Memcpy", "Memset"))]
-    row, top = gpu_breakdown(kernels, steps, step_ms)
+    row, top = gpu_breakdown(kernels, units * runner.per_unit, step_ms)
     for name, ms, count in top:
         log.warning("profile: %8.4f ms/step %5.1f launches/step %s", ms, count, name[:160])
     return row
@@ -91,9 +94,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"  {'row':40} " + " ".join(f"{c:>11}" for c in CATEGORIES)
             + f" {'kernels':>8} {'idle':>7} {'launches':>8}"]
     for r in shown:
-        fusion = {None: "", True: " fusion on", False: " fusion off"}[r["fusion"]]
-        label = f"{r['family']} {r['workload']} {r['variant']}{fusion}"
-        head.append(f"  {label:40} " + " ".join(f"{r[f'gpu_{c}_ms']:11.3f}" for c in CATEGORIES)
+        head.append(f"  {label(r):40} " + " ".join(f"{r[f'gpu_{c}_ms']:11.3f}" for c in CATEGORIES)
                     + f" {r['gpu_kernels_ms']:8.3f} {r['gpu_idle_ms']:7.3f}"
                     f" {r['gpu_launches']:8.0f}")
     return "\n".join(head)

@@ -1,6 +1,7 @@
 """Timing for the benchmarks, on top of ``autotune/timing.py`` (the medians and
 interleaved rounds that autotuning's retiming uses too): ``tflops_and_ratios`` turns the
-rounds into the benchmarks' rates and ratio ranges.
+rounds into the benchmarks' rates and ratio ranges; ``round_speedup`` is a speedup as the
+median of the per-round ratios, with their range (``bench model``'s).
 
 ``captured`` records a call of a function in a CUDA graph, so that functions compiled
 under different Inductor settings (a ``torch._dynamo.reset()`` between them) can still
@@ -33,6 +34,13 @@ def tflops_and_ratios(times: dict[str, list[float]], flops: float,
         ratios = [r / o for o, r in zip(times["ours"], times[ref])]
         row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
     return row
+
+
+def round_speedup(ref_ms: list[float], ms: list[float]) -> tuple[float, float, float]:
+    """The speedup over a reference timed in the same interleaved rounds: the median of
+    the per-round ratios (the reference's ms over this one's), and their min and max."""
+    ratios = [ref / own for ref, own in zip(ref_ms, ms, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def median_call_ms(fn: Any, steps: int, warmup: int, cuda: bool = True) -> float:

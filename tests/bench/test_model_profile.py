@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cutedsl_inductor.bench.model import cases_of
+from cutedsl_inductor.bench.model import jobs_of, settle
 from cutedsl_inductor.bench.model_profile import CATEGORIES, category, gpu_breakdown
 from cutedsl_inductor.cli import parser
 from tests.compile.test_disk_cache import add_choice
@@ -51,8 +51,8 @@ def test_the_breakdown_is_per_step_and_idle_is_what_no_kernel_covers():
     assert top[0] == ("kernel_cutlass_kernel_gemm", pytest.approx(0.3), 1.0)
 
 
-def test_profile_steps_reach_every_case():
-    plan = cases_of(parser().parse_args(["bench", "model", "--families", "llama",
-                                         "--workloads", "decode", "--variants",
-                                         "max-autotune,cutedsl", "--profile", "5"]))
-    assert [case.profile for case, _ in plan] == [5, 5]
+def test_profile_units_reach_every_job():
+    plan = jobs_of(settle(parser().parse_args(["bench", "model", "--families", "llama,gpt2",
+                                               "--workloads", "decode,train", "--profile",
+                                               "5"])))
+    assert [job.profile for job in plan] == [5, 5, 5, 5]
