@@ -36,10 +36,11 @@ from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
 from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.kernels.attention import test_bwd_template as bwd, test_template as fwd
 
-runs = [("fwd", "document", True), ("fwd", "alibi", True), ("bwd", "document", True),
-        ("bwd", "alibi", True), ("bwd", "causal", False)]
-for direction, mods, pipelined in runs:
-    with config.patch(disk_cache=False, flex_pipelined=pipelined), \
+runs = [("fwd", "document", True, False), ("fwd", "alibi", True, False),
+        ("bwd", "document", True, False), ("bwd", "alibi", True, False),
+        ("bwd", "causal", False, False), ("bwd", "causal", True, True)]
+for direction, mods, pipelined, fused in runs:
+    with config.patch(disk_cache=False, flex_pipelined=pipelined, flex_bwd_fused_dq=fused), \
             V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
         side, make = (fwd, flex_choices) if direction == "fwd" else (bwd, flex_bwd_choices)
         inputs = fwd.flex_inputs if direction == "fwd" else bwd.bwd_inputs
@@ -47,7 +48,8 @@ for direction, mods, pipelined in runs:
         choices = []
         assert make(choices, nodes, layout, subgraphs, side.OPTIONS) is None
         choices[0].load()
-        print(f"{direction}-{mods}{'' if pipelined else '-serial'}", choices[0].name)
+        label = f"{direction}-{mods}{'' if pipelined else '-serial'}{'-fused' if fused else ''}"
+        print(label, choices[0].name)
 """
 
 # the most ld.global each kernel may have (now: 76, 12, 30, 28)
@@ -58,8 +60,10 @@ WGMMA = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)|(wgmma\.commit_gro
 
 
 def _kernel(entry_name):
-    return ("dq" if "_dq_" in entry_name else "dkdv" if "_dkdv_" in entry_name
-            else "flex_attention")
+    for kernel in ("dq", "dkdv", "dkdvq", "cast"):
+        if f"_{kernel}_" in entry_name:
+            return kernel
+    return "flex_attention"
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +114,26 @@ def test_the_backward_overlaps_p_and_ds_with_its_gemms(entries):
     # plain scores: P^T kept in fp32, dS^T = P^T (dP^T - delta) with no exp2 of its own
     assert _order(entries["bwd-document", "dkdv"]) == "M C M C W1 e M C W1 M C W0"
     assert _order(entries["bwd-causal-serial", "dkdv"]) == "M C W0 e M C W0"
+
+
+def test_the_fused_dq_adds_each_half_of_a_step_with_tma_reduce_adds(entries):
+    """Fused dQ: after dK's GEMM is issued, dS^T stored (stmatrix) and both halves in (a
+    256-thread barrier), dQ's GEMM, then the warpgroup's half in (128 threads) and its
+    TMA reduce-adds; the reduce-adds' reads are waited for before the next dS store. No
+    per-thread reduction (``red.global``/``atom.global``: 4096 a step before)."""
+    ptx = entries["bwd-causal-fused", "dkdvq"]
+    steps = re.compile(r"(wgmma\.mma_async)|(wgmma\.wait_group\.sync\.aligned\s+0)|"
+                       r"(stmatrix)|(bar\.sync\s+\S+,\s*(\d+))|(cp\.reduce\.async\.bulk\.tensor)|"
+                       r"(cp\.async\.bulk\.wait_group\.read)")
+    tokens = []
+    for m in steps.finditer(ptx):
+        mma, wait, st, bar, threads, reduce, read = m.groups()
+        token = ("M" if mma else "W0" if wait else "S" if st else f"B{threads}" if bar
+                 else "R" if reduce else "r")
+        if not tokens or tokens[-1] != token:
+            tokens.append(token)
+    assert " ".join(tokens).endswith("r S B256 M W0 B128 R W0"), tokens
+    assert not re.search(r"\b(red|atom)\.global", ptx)
 
 
 def _cuobjdump():
