@@ -2,9 +2,9 @@
 op over every eligible ATen backend and our FlexAttention kernel.
 
 The choices: one ATen extern choice per backend in the op's ``backends`` (timed by
-``sdpa_ops.forward`` / ``backward``: their output compared, as Inductor does, with the
-choice set's layout, so a backend whose output strides differ is not offered; the
-backward's timing passes grad_out as out, the same shape and layout), and ours: the
+``sdpa_ops.forward`` / ``backward``, the output viewed in the choice set's strides,
+``aten_choices``; the backward's timing passes grad_out as out, the same shape and
+layout), and ours: the
 lowering calls Inductor's flex_attention (flex_attention_backward) lowering with
 ``CUTEDSL`` on (``inductor/flex.py`` adds our choices) on a BlockMask it builds, with
 two of that module's globals wrapped for the call: the Triton template (no Triton choice
@@ -19,6 +19,11 @@ captured tensor.
 The winner: ours returns flex's output, its logsumexp (log2 units) times ln 2 for the
 canonical one (the backward's divided by it); an ATen backend makes the op itself the
 output code's call, with that backend alone (``cutedsl::sdpa(..., 'cudnn')``).
+
+The inputs' layout: ``sdpa_layout.py``. The winner's output strides are the op's where
+an ATen backend won, flex's (the query's order) where ours did; where a graph output or
+the backward needs the traced strides (efficient's (B, L, H, D) order for a (B, H, L, D)
+query), Inductor copies.
 
 Failure semantics: a problem ours cannot take (``why_not_ours``, the templates'
 refusals, a flex lowering that raises) keeps the ATen choices, with the reason logged
@@ -41,28 +46,30 @@ from . import sdpa_ops
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
-BLOCK = 128
 _FLEX = "torch._inductor.kernel.flex.flex_attention"
 _FWD_TABLES = 5   # flex's forward inputs: q, k, v, lse, max, then its 4 tables
 _BWD_TABLES = 8   # the backward's: q, k, v, lse, delta, grad_out, dq, dv, then 8
 
 
 def _time_forward(*inputs: torch.Tensor, backend: str, slots: tuple[int, ...],
-                  is_causal: bool, scale: float) -> torch.Tensor:
-    """One ATen backend's forward, for timing; ``slots``: where q, k, v, bias are."""
+                  is_causal: bool, scale: float, stride: tuple[int, ...]) -> torch.Tensor:
+    """One ATen backend's forward, for timing; ``slots``: where q, k, v, bias are.
+    ``stride``: the choice set's (see ``aten_choices``)."""
     q, k, v = (inputs[i] for i in slots[:3])
     bias = inputs[slots[3]] if slots[3] >= 0 else None
-    return sdpa_ops.forward(backend, q, k, v, bias, is_causal, scale)[0]
+    out = sdpa_ops.forward(backend, q, k, v, bias, is_causal, scale)[0]
+    return out.as_strided(out.shape, stride)
 
 
 def _time_backward(*inputs: torch.Tensor, backend: str, slots: tuple[int, ...],
-                   is_causal: bool, scale: float) -> torch.Tensor:
+                   is_causal: bool, scale: float, stride: tuple[int, ...]) -> torch.Tensor:
     """One ATen backend's backward, for timing (dk); ``slots``: q, k, v, grad_out, lse,
     bias."""
     q, k, v, grad_out, lse = (inputs[i] for i in slots[:5])
     bias = inputs[slots[5]] if slots[5] >= 0 else None
-    return sdpa_ops.backward(backend, grad_out, q, k, v, grad_out, lse, bias, is_causal,
-                             scale)[1]
+    dk = sdpa_ops.backward(backend, grad_out, q, k, v, grad_out, lse, bias, is_causal,
+                           scale)[1]
+    return dk.as_strided(dk.shape, stride)
 
 
 @functools.cache
@@ -99,34 +106,20 @@ def _static(values: Any) -> list[int] | None:
     return out
 
 
-def _fake_args() -> list[Any]:
-    from torch._inductor.virtualized import V
-
-    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-            for a in V.graph.current_node.args]
-
-
 def aten_choices(backward: bool, names: list[str], nodes: list[Any], layout: Any,
                  slots: tuple[int, ...], is_causal: bool, scale: float) -> list[Any]:
-    """The ATen choices whose output has ``layout``'s strides (the others logged)."""
-    from torch._inductor.virtualized import V
-
-    fake = _fake_args()
-    want = (_static(layout.size), _static(layout.stride))
-    choices = []
-    for name in names:
-        with V.fake_mode:
-            if backward:
-                got = sdpa_ops.backward(name, *fake[:7], is_causal, scale, fake=True)[1]
-            else:
-                got = sdpa_ops.forward(name, *fake[:4], is_causal, scale)[0]
-        if (list(got.shape), list(got.stride())) != want:
-            log.info("SDPA: no %s choice: its output strides %s are not the choice set's %s",
-                     name, list(got.stride()), want[1])
-            continue
-        choices.append(_externs()[name, backward].bind(
-            nodes, layout, backend=name, slots=slots, is_causal=is_causal, scale=scale))
-    return choices
+    """The ATen choices, for timing: Inductor asserts that a timed output has the choice
+    set's strides, which a backend's own may not be (efficient's forward writes (B, L, H,
+    D) order), so each returns its (dense) output viewed in them; the view is never read
+    (only copied, where Inductor checks choices against each other), and the backend
+    that wins runs as itself. None with dynamic strides."""
+    stride = _static(layout.stride)
+    if stride is None:
+        return []
+    return [_externs()[name, backward].bind(nodes, layout, backend=name, slots=slots,
+                                            is_causal=is_causal, scale=scale,
+                                            stride=tuple(stride))
+            for name in names]
 
 
 def why_not_ours(q: Any, k: Any, bias: Any, is_causal: bool) -> str | None:
@@ -176,6 +169,7 @@ class ChoiceSet:
         externs = aten_choices(self.kind.endswith("backward"), self.names, list(nodes),
                                layout, self.slots, self.is_causal, self.scale)
         kwargs["input_gen_fns"] = {**(kwargs.get("input_gen_fns") or {}), **self.gen_fns}
+        kwargs["return_multi_template"] = False  # decided now: the winner picks the IR
         result = self.real(name, ours + externs, nodes, layout, *args, **kwargs)
         self.winner = backend_of(result[0] if isinstance(result, tuple) else result)
         return result
@@ -224,7 +218,7 @@ def _aten_only(backward: bool, names: list[str], nodes: list[Any], slots: tuple[
     if len(choices) < 2:
         return names[0]
     node = autotune_select_algorithm("cutedsl_sdpa_backward" if backward else "cutedsl_sdpa",
-                                     choices, nodes, layout)
+                                     choices, nodes, layout, return_multi_template=False)
     return backend_of(node) or names[0]
 
 
@@ -237,7 +231,9 @@ def _current_val() -> Any:
 def _ours(kind: str, names: list[str], q: Any, k: Any, bias: Any, is_causal: bool,
           scale: float, hop_args: Any) -> tuple[Any, str | None] | None:
     """flex's lowering of our choice with the ATen choices beside it: (its result, the
-    ATen winner or None), or None where ours is not offered (the reason logged)."""
+    ATen winner or None: ours won), or None where flex's lowering is not reached or
+    fails (the reason logged); where the templates refuse the problem, the ATen choices
+    are timed there alone."""
     from torch._inductor.lowering import lowerings
 
     from . import sdpa_flex
@@ -264,9 +260,10 @@ def _ours(kind: str, names: list[str], q: Any, k: Any, bias: Any, is_causal: boo
             log.debug("SDPA: flex's %s lowering failed", kind, exc_info=True)
             reason = f"flex's lowering failed: {type(err).__name__}: {err}"
         else:
-            if offer.ours:
-                return result, offer.winner
-            reason = "the FlexAttention templates made no choice (see the warning before)"
+            if not offer.ours:  # the templates refused: flex.py logged why
+                log.warning("no CuteDSL SDPA %s choice: the FlexAttention templates refused "
+                            "it; ATen's backends %s stay", kind, names)
+            return result, offer.winner
     log.warning("no CuteDSL SDPA %s choice: %s; ATen's backends %s stay", kind, reason,
                 names)
     return None
@@ -336,13 +333,15 @@ def lower_sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: An
 
 def install_sdpa() -> None:
     """Register the two lowerings and the joint-graph pass (idempotent)."""
-    from torch._inductor.lowering import lowerings, register_lowering
+    from torch._inductor.lowering import add_layout_constraint, lowerings, register_lowering
 
+    from .sdpa_layout import constrain_inputs
     from .sdpa_pass import install_sdpa_pass
 
     for op, lowering in ((torch.ops.cutedsl.sdpa.default, lower_sdpa),
                          (torch.ops.cutedsl.sdpa_backward.default, lower_sdpa_backward)):
         if op not in lowerings:
             register_lowering(op, type_promotion_kind=None)(lowering)
+            add_layout_constraint(op, constrain_inputs)
     _externs()
     install_sdpa_pass()

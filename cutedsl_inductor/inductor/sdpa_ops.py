@@ -114,12 +114,9 @@ def backward(backend: str, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
     raise ValueError(f"unknown SDPA backend {backend!r}: one of {BACKENDS}")
 
 
-# needs_fixed_stride_order: Inductor hands the ops their inputs in the traced strides,
-# as its own SDPA fallbacks get them (``lowering.sdpa_constraint``)
-_TAGS = (torch.Tag.needs_fixed_stride_order,)
-
-
-@torch.library.custom_op("cutedsl::sdpa", mutates_args=(), tags=_TAGS)
+# No layout tag: the inputs' layout constraint is ``inductor/sdpa.py``'s
+# (``constrain_inputs``), which keeps a bias broadcast over heads broadcast.
+@torch.library.custom_op("cutedsl::sdpa", mutates_args=())
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
          is_causal: bool, scale: float, backends: str
          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +129,7 @@ def _(q, k, v, bias, is_causal, scale, backends):
     return forward(first(backends), q, k, v, bias, is_causal, scale)
 
 
-@torch.library.custom_op("cutedsl::sdpa_backward", mutates_args=(), tags=_TAGS)
+@torch.library.custom_op("cutedsl::sdpa_backward", mutates_args=())
 def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, bias: torch.Tensor | None,
                   is_causal: bool, scale: float, backends: str
