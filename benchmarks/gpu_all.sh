@@ -6,6 +6,8 @@
 #                                             bench_gemm_shards bench_epilogue_shards
 #                                             bench_attention (ATTENTION_ARGS, default --quick)
 #                                             bench_attention_shards (the full suite, merged)
+#                                             bench_sdpa (the SDPA choice set, config.sdpa, vs
+#                                             eager SDPA flash/cuDNN and ours: --quick causal)
 #                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             autotune_cost (a cold GEMM autotuning, by kind of choice)
@@ -105,6 +107,9 @@ for s in $steps; do
           echo "=== ${lever%:*}=$on"; tail -n "${TAIL:-12}" "$OUT/${lever%:*}_$on.log"
         done
       done ;;
+    bench_sdpa) step bench_sdpa python3 -m cutedsl_inductor bench attention --quick \
+        --masks causal --variants sdpa-flash,sdpa-cudnn,sdpa-choice,ours ${SDPA_ARGS:-} \
+        --out "$OUT/sdpa" ;;
     bench_attention_shards) shards attention
         step attention_merge python3 -m cutedsl_inductor bench attention --merge \
           "$OUT"/attention_shard_*/ --out "$OUT/attention" ;;
