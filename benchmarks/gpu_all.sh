@@ -6,6 +6,9 @@
 #                                             bench_gemm_shards bench_epilogue_shards
 #                                             bench_attention (ATTENTION_ARGS, default --quick)
 #                                             bench_attention_shards (the full suite, merged)
+#                                             sdpa (the SDPA choice set's GPU tests), bench_sdpa
+#                                             (it timed, config.sdpa on, vs eager SDPA flash and
+#                                             cuDNN and ours: --quick causal, fwd and bwd)
 #                                             sweep (SWEEP_ARGS: bench sweep's arguments)
 #                                             epilogue_cost (what a fused epilogue costs per config)
 #                                             autotune_cost (a cold GEMM autotuning, by kind of choice)
@@ -105,6 +108,10 @@ for s in $steps; do
           echo "=== ${lever%:*}=$on"; tail -n "${TAIL:-12}" "$OUT/${lever%:*}_$on.log"
         done
       done ;;
+    sdpa) step sdpa gpu_tests tests/gpu/test_sdpa.py tests/bench/test_attention.py -k sdpa ;;
+    bench_sdpa) step bench_sdpa python3 -m cutedsl_inductor bench attention --quick \
+        --masks causal --variants sdpa-flash,sdpa-cudnn,sdpa-choice,ours ${SDPA_ARGS:-} \
+        --out "$OUT/sdpa" ;;
     bench_attention_shards) shards attention
         step attention_merge python3 -m cutedsl_inductor bench attention --merge \
           "$OUT"/attention_shard_*/ --out "$OUT/attention" ;;

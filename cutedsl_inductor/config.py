@@ -219,6 +219,12 @@ flex_bwd_fused_dq: bool = _knob(
     "GEMMs per tile pair instead of the dQ kernel's three more (off until faster, "
     "docs/measurements.md)",
     changes_code=True)
+sdpa: bool = _knob(
+    "sdpa", "CUTEDSL_INDUCTOR_SDPA", False, Boolean(),
+    "under max-autotune on sm_90, `scaled_dot_product_attention`'s forward and backward are "
+    "autotuned over every eligible ATen backend (flash, cuDNN, efficient) and our "
+    "FlexAttention kernels (`inductor/sdpa_pass.py`; off until timed on the GPU)",
+    changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

@@ -12,8 +12,8 @@ True, "BACKEND": "TRITON"}`` under ``config.flex_only_ours`` (our forward alone)
 backward is whatever flex's backward lowering builds (Inductor's Triton kernel until
 ours is offered there, then ours, nothing here to change): the ``kernel`` column names
 the output code's kernel for the timed pass. ``triton``: the same without CUTEDSL;
-``triton-tuned``: under max-autotune (not by default); ``sdpa-flash``/``sdpa-cudnn``:
-eager ``scaled_dot_product_attention(is_causal=True)`` on that backend, causal only.
+``triton-tuned``: under max-autotune (not by default); ``sdpa-flash``/``sdpa-cudnn``
+and (not by default) ``sdpa-choice``: SDPA, causal only (``attention_sdpa.py``).
 Each first call compiles afresh (no FX graph or AOT autograd cache: the output code read
 is the code compiled; our CuTe kernels may load from the kernel cache) with AOT autograd's
 donated buffers off, so that ``bwd`` can time the backward alone,
@@ -63,6 +63,8 @@ from .args import (
     parse_triples,
     positive,
 )
+from .attention_sdpa import CHOICE, sdpa_attention, sdpa_kernel_of
+from .attention_sdpa import NAMES as SDPA_NAMES
 from .attention_report import (
     HEADER,
     REFS,
@@ -81,9 +83,8 @@ MASKS = ("causal", "sliding", "document", "alibi")
 WINDOW = 1024  # sliding: keys per query
 DOCUMENT = 1024  # document: mean document length
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-VARIANTS = ("ours", "triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn")
+VARIANTS = ("ours", "triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn", CHOICE)
 DEFAULT_VARIANTS = ["ours", "triton", "sdpa-flash", "sdpa-cudnn"]
-SDPA = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
 DIRECTIONS = ("fwd", "bwd")
 BACKWARD_FLOPS = 2.5  # times the forward's
 OURS = "cutedsl_sm90_flex_attention"  # our forward's kernel names in the output code
@@ -154,20 +155,13 @@ def flops(case: Case, kept: float, direction: str) -> float:
 
 def variants_of(case: Case, asked: list[str]) -> list[str]:
     """The asked variants that run on ``case`` (SDPA's on plain causal only)."""
-    return [name for name in asked if name not in SDPA or case.mask == "causal"]
+    return [name for name in asked if name not in SDPA_NAMES or case.mask == "causal"]
 
 
 def attention(name: str, score_mod: Callable | None, block_mask: Any) -> Callable:
     """Variant ``name`` as a function of (q, k, v) -> out (see the module docstring)."""
-    if name in SDPA:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA[name])
-
-        def sdpa(q: Any, k: Any, v: Any) -> Any:
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return sdpa
+    if name in SDPA_NAMES:
+        return sdpa_attention(name)
     from torch.nn.attention.flex_attention import flex_attention
 
     options = {"BACKEND": "TRITON", **({"CUTEDSL": True} if name == "ours" else {})}
@@ -190,7 +184,8 @@ def _compiling(name: str) -> Iterator[list[str]]:
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
-    with config.patch(flex_attention=False, flex_only_ours=name == "ours"), \
+    with config.patch(flex_attention=False, flex_only_ours=name == "ours",
+                      sdpa=name == CHOICE), \
             functorch_config.patch(donated_buffer=False, enable_autograd_cache=False), \
             inductor_config.patch(fx_graph_cache=False), \
             mock.patch.object(GraphLowering, "save_output_code", codes.append):
@@ -200,8 +195,8 @@ def _compiling(name: str) -> Iterator[list[str]]:
 def _kernel(name: str, codes: list[str], direction: str) -> str:
     """What ran the timed pass: SDPA's backend, or the attention kernel of the output code
     (the backward graph's for bwd); RuntimeError where ours is not the forward's."""
-    if name in SDPA:
-        return name.removeprefix("sdpa-")
+    if name in SDPA_NAMES:
+        return sdpa_kernel_of(name, codes, direction)
     if len(codes) < (2 if direction == "bwd" else 1):
         raise RuntimeError(f"torch.compile made {len(codes)} graph(s) of output code")
     if name == "ours" and OURS not in codes[0]:
@@ -277,17 +272,20 @@ def measure(case: Case, direction: str, names: list[str], attends: dict[str, Cal
                 except Exception as err:
                     errors[name] = reason(err)
                     del calls[name], times[name]
-    refs = tuple(ref for ref in REFS if ref in times) if "ours" in times else ()
-    rates = tflops_and_ratios(times, flops(case, kept, direction), refs)
+    refs = tuple(ref for ref in REFS if ref in times)
+    rates = {subject: tflops_and_ratios(times, flops(case, kept, direction),
+                                        refs if subject in times else (), subject)
+             for subject in ("ours", CHOICE)}  # each over SDPA's and Triton's
     rows = []
     for name in names:
         row = _row(case, direction, name, kept, errors.get(name, ""))
         if name in times:
             diff, ok = _check(results[name], results.get("triton"))
             row.update(kernel=kernels[name], ms=statistics.median(times[name]),
-                       tflops=rates[name], max_diff=diff, ok=ok)
-            if name == "ours":
-                row.update({key: value for key, value in rates.items() if key.startswith("vs_")})
+                       tflops=rates["ours"][name], max_diff=diff, ok=ok)
+            if name in rates:
+                row.update({key: value for key, value in rates[name].items()
+                            if key.startswith("vs_")})
         rows.append(row)
     return rows
 

@@ -3,8 +3,9 @@
 A row is one variant of one case in one direction (``attention.py``): the case's fields,
 ``variant``, ``kernel`` (what ran the timed pass), ``ms``, ``tflops``, ``max_diff``,
 ``ok``, ``error`` (why the variant has no figures, else empty), the setup and, on ours'
-rows, ``vs_<ref>`` with its range over the rounds. Everything here works from the rows
-alone, so ``bench attention --merge CSV ...`` redraws runs made earlier.
+and sdpa-choice's rows, ``vs_<ref>`` with its range over the rounds. Everything here
+works from the rows alone, so ``bench attention --merge CSV ...`` redraws runs made
+earlier.
 
 The plot: ratios first -- ours over Inductor's Triton flex (the goals, 1.5 forward and
 1.3 backward, drawn), ours over SDPA on plain causal -- then each variant's TFLOP/s

@@ -24,14 +24,14 @@ from typing import Any
 
 
 def tflops_and_ratios(times: dict[str, list[float]], flops: float,
-                      refs: tuple[str, ...]) -> dict[str, float]:
+                      refs: tuple[str, ...], subject: str = "ours") -> dict[str, float]:
     """From ``interleaved_ms``'s rounds: each name's TFLOP/s (its median round) and, for
-    each name in ``refs``, ``vs_<ref>`` (``"ours"``'s TFLOP/s over the ref's) with that
+    each name in ``refs``, ``vs_<ref>`` (``subject``'s TFLOP/s over the ref's) with that
     ratio's range over the rounds (``vs_<ref>_min``, ``vs_<ref>_max``)."""
     row = {name: flops / statistics.median(per_round) / 1e9 for name, per_round in times.items()}
     for ref in refs:
-        row[f"vs_{ref}"] = row["ours"] / row[ref]
-        ratios = [r / o for o, r in zip(times["ours"], times[ref])]
+        row[f"vs_{ref}"] = row[subject] / row[ref]
+        ratios = [r / o for o, r in zip(times[subject], times[ref])]
         row[f"vs_{ref}_min"], row[f"vs_{ref}_max"] = min(ratios), max(ratios)
     return row
 

@@ -33,6 +33,7 @@ from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_pre_fusion_pass
 from .scheduling import CuteDSLCombinedScheduling
+from .sdpa import install_sdpa
 from .swiglu import install_swiglu
 
 
@@ -44,6 +45,7 @@ def install() -> None:
     install_clock_settling()
     install_pre_fusion_pass()
     install_swiglu()
+    install_sdpa()
     install_coordesc_reuse()
     install_workers_ahead()
     current = common.device_codegens["cuda"]

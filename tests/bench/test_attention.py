@@ -53,6 +53,8 @@ def test_sdpa_runs_on_plain_causal_only():
     for mask in ("sliding", "document", "alibi"):
         other = attention.Case(1, 2, 256, 64, mask, "bf16")
         assert attention.variants_of(other, attention.DEFAULT_VARIANTS) == ["ours", "triton"]
+        assert attention.variants_of(other, ["sdpa-choice"]) == []
+    assert attention.variants_of(case, ["sdpa-choice"]) == ["sdpa-choice"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -61,7 +63,7 @@ def test_sdpa_runs_on_plain_causal_only():
     (["--masks", "causal,full"], "'full': not a mask (one of causal, sliding, document, "
                                  "alibi, or all)"),
     (["--variants", "flash"], "'flash': not a variant (one of ours, triton, triton-tuned, "
-                              "sdpa-flash, sdpa-cudnn, or all)"),
+                              "sdpa-flash, sdpa-cudnn, sdpa-choice, or all)"),
     (["--directions", "up"], "'up': not a direction (one of fwd, bwd)"),
     (["--dtypes", "fp8"], "'fp8': not a dtype (one of bf16, fp16)"),
     (["--steps", "0"], "'0' is not a positive integer"),
@@ -193,6 +195,27 @@ def test_a_tiny_run_on_the_cpu_measures_what_runs_and_says_why_the_rest_cannot(
     out = capsys.readouterr().out
     assert "1x2x256 d64 causal" in out and "5 of 8 rows failed" in out
     assert (tmp_path / "merged" / "attention_bench.csv").exists()
+
+
+def test_the_sdpa_choice_set_is_a_failed_row_where_it_does_not_run(tmp_path, capsys):
+    """On the CPU, compiled SDPA runs Inductor's CPU attention, not the choice set."""
+    args = parse("--shapes", "1x2x128", "--head-dims", "64", "--masks", "causal",
+                 "--variants", "sdpa-choice", "--directions", "fwd", "--steps", "1",
+                 "--warmup", "1", "--rounds", "1", "--out", str(tmp_path))
+    (row,) = attention.run(args, device="cpu")
+    assert "the SDPA choice set is not in the output code" in row["error"]
+
+
+@pytest.mark.gpu
+def test_a_tiny_run_of_the_sdpa_choice_set_on_the_gpu(tmp_path):
+    args = parse("--shapes", "1x4x1024", "--head-dims", "64", "--masks", "causal",
+                 "--variants", "sdpa-flash,sdpa-choice", "--steps", "3", "--rounds", "2",
+                 "--out", str(tmp_path))
+    rows = attention.run(args)
+    assert all(r["ok"] for r in rows), [r["error"] for r in rows]
+    choice = [r for r in rows if r["variant"] == "sdpa-choice"]
+    assert {r["kernel"] for r in choice} <= {"cutedsl", "flash", "cudnn", "efficient"}
+    assert all(r["vs_sdpa-flash"] > 0 for r in choice)
 
 
 @pytest.mark.gpu
