@@ -208,7 +208,8 @@ def tiny_llama():
     cfg = transformers.LlamaConfig(
         hidden_size=1024, intermediate_size=2048, num_attention_heads=8,
         num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000,
-        max_position_embeddings=1024, attn_implementation="sdpa")
+        max_position_embeddings=1024)
+    cfg._attn_implementation = "sdpa"  # as bench model sets it
     torch.manual_seed(0)
     with torch.device("cuda"):
         return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
