@@ -2,8 +2,7 @@
 warp and two consumer warpgroups, online softmax overlapped with the GEMMs, flex's block
 sparsity.
 
-One CTA = one 128-row Q tile of one (batch, head), the last tiles launched first: 3
-warpgroups. Warp 0 (warpgroup 0;
+One CTA = one 128-row Q tile of one (batch, head): 3 warpgroups. Warp 0 (warpgroup 0;
 24 registers a thread, the consumers 240: ``setmaxnreg``) loads Q once (two 64-row
 halves) and then, for every KV tile the BlockMask lists, K's tile into one
 ``stages``-deep smem ring and V's into another (``PipelineTmaAsync`` each: one mbarrier
@@ -199,10 +198,7 @@ class Sm90FlexAttention:
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, h_idx, b_idx = cute.arch.block_idx()
-        # the last Q tiles first: under a causal mask they walk the most KV tiles, so the
-        # longest CTAs start in the first wave and the short ones fill the tail
-        m_block = (q_len + BLOCK_M - 1) // BLOCK_M - 1 - bx
+        m_block, h_idx, b_idx = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:
