@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -94,6 +95,24 @@ def check_compile_options(value: str, variable: str) -> str:
                 accepted="cute.compile options other than "
                 + ", ".join(f"--{option}" for option in RESERVED_OPTIONS)
                 + " (cutedsl_inductor sets those; the arch is CUTEDSL_INDUCTOR_ARCH)")
+    return value
+
+
+REDIS_URL_ACCEPTED = ("a Redis URL: redis://HOST:PORT or rediss://HOST:PORT (PORT from 1 to "
+                      "65535), or unix://PATH")
+
+
+def check_redis_url(value: str, variable: str) -> str:
+    """A Redis URL with a port redis-py can connect to (parsed by ``urllib``, as redis-py
+    parses it), or a socket path."""
+    try:
+        url = urllib.parse.urlsplit(value)
+        usable = ((url.scheme in ("redis", "rediss") and bool(url.netloc) and url.port != 0)
+                  or (url.scheme == "unix" and bool(url.path)))
+    except ValueError:  # a port that is no number or out of range, a broken IPv6 address
+        usable = False
+    if not usable or re.search(r"\s", value):
+        raise ConfigError(variable=variable, value=value, accepted=REDIS_URL_ACCEPTED)
     return value
 
 
@@ -249,8 +268,8 @@ remote_cache_secret_file: str | None = _knob(
     "(`compile/portable.py`)", locates_binary=True)
 redis_url: str | None = _knob(
     "redis_url", "TORCHINDUCTOR_REDIS_URL", None,
-    Pattern(r"(rediss?|unix)://\S+", "a Redis URL: redis://HOST:PORT, rediss://... or "
-            "unix://PATH"), "Inductor's Redis address (its remote caches read it too)",
+    Text(check_redis_url, REDIS_URL_ACCEPTED),
+    "Inductor's Redis address (its remote caches read it too)",
     locates_binary=True)
 redis_host: str = _knob(
     "redis_host", "TORCHINDUCTOR_REDIS_HOST", "localhost", Text(lambda raw, variable: raw,

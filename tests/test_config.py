@@ -42,6 +42,10 @@ def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, val
     ("CUTEDSL_INDUCTOR_ARCH", "foo", "a GPU arch such as sm_90a"),
     ("CUTE_DSL_ARCH", "sm90", "a GPU arch such as sm_90a"),
     ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "x(): pass\nimport os", "letters, digits and _"),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:notaport", "PORT from 1 to 65535"),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:99999", "PORT from 1 to 65535"),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://[::1", "a Redis URL"),
+    ("TORCHINDUCTOR_REDIS_URL", "http://127.0.0.1:6379", "a Redis URL"),
 ])
 def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_config,
                                                             variable, raw, accepted):
@@ -51,6 +55,13 @@ def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_
         reload_config()
     assert str(info.value).startswith(f"{variable}={raw.strip()!r} is not accepted: expected ")
     assert accepted in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379", "rediss://user:pw@cache:6380/0",
+                                 "redis://cache", "unix:///run/redis.sock"])
+def test_a_redis_url_with_a_port_or_a_socket_is_taken(monkeypatch, reload_config, url):
+    monkeypatch.setenv("TORCHINDUCTOR_REDIS_URL", url)
+    assert reload_config().redis_url == url
 
 
 def test_the_import_fails_with_that_one_line():
