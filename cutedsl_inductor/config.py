@@ -98,6 +98,23 @@ def check_compile_options(value: str, variable: str) -> str:
     return value
 
 
+# what the hooks (``<kernel_name>_epilogue``, ...) and the built-in templates and the docs'
+# examples (``<kernel_name>_kernel``, ...) define beside the entry: the entry named so
+# would replace it
+TAKEN_SUFFIXES = ("kernel", "jit", "Gemm", "Flex", "FlexBwd", "prologue", "epilogue",
+                  "epilogue_registers", "epilogue_load", "epilogue_load_pair", "epilogue_apply")
+
+
+def check_entry_suffix(value: str, variable: str) -> str:
+    """Letters, digits and _, none of ``TAKEN_SUFFIXES``."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", value) or value in TAKEN_SUFFIXES:
+        raise ConfigError(variable=variable, value=value,
+                          accepted="letters, digits and _, other than "
+                          + ", ".join(TAKEN_SUFFIXES)
+                          + " (the templates define <kernel_name>_<that> beside the entry)")
+    return value
+
+
 REDIS_URL_ACCEPTED = ("a Redis URL: redis://HOST:PORT or rediss://HOST:PORT (PORT from 1 to "
                       "65535), or unix://PATH")
 
@@ -176,7 +193,8 @@ arch: str | None = _knob(
     changes_code=True, locates_binary=True)
 entry_suffix: str = _knob(
     "entry_suffix", "CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "main",
-    Pattern(r"[A-Za-z0-9_]+", "letters, digits and _"),
+    Text(check_entry_suffix, "letters, digits and _, other than "
+         + ", ".join(f"`{name}`" for name in TAKEN_SUFFIXES)),
     "`def_kernel` defines `<kernel_name>_<entry_suffix>`",
     changes_code=True, locates_binary=True)
 compile_options: str = _knob(

@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, val
     ("CUTEDSL_INDUCTOR_ARCH", "foo", "a GPU arch such as sm_90a"),
     ("CUTE_DSL_ARCH", "sm90", "a GPU arch such as sm_90a"),
     ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "x(): pass\nimport os", "letters, digits and _"),
+    ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "kernel", "other than kernel, jit, "),
+    ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "epilogue_apply", "other than kernel, jit, "),
     ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:notaport", "PORT from 1 to 65535"),
     ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:99999", "PORT from 1 to 65535"),
     ("TORCHINDUCTOR_REDIS_URL", "redis://[::1", "a Redis URL"),
@@ -62,6 +65,17 @@ def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_
 def test_a_redis_url_with_a_port_or_a_socket_is_taken(monkeypatch, reload_config, url):
     monkeypatch.setenv("TORCHINDUCTOR_REDIS_URL", url)
     assert reload_config().redis_url == url
+
+
+def test_the_entry_suffix_names_nothing_the_templates_define_beside_the_entry():
+    """Every ``<kernel_name>_<name>`` the package's templates and hooks define, and the
+    docs' examples, is refused as the entry's suffix (the entry would replace it)."""
+    texts = [p.read_text() for p in (ROOT / "cutedsl_inductor").rglob("*.py")]
+    texts += [(ROOT / "README.md").read_text(), (ROOT / "docs" / "templates.md").read_text()]
+    defined = {name for text in texts for name in re.findall(
+        r"(?:\{\{kernel_name\}\}|\{self\.kernel_name\}|<kernel_name>)_(\w+)", text)}
+    assert defined - {"main"} <= set(config.TAKEN_SUFFIXES), defined
+    assert "kernel" in defined
 
 
 def test_the_import_fails_with_that_one_line():
