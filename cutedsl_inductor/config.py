@@ -16,7 +16,8 @@ setting serves both.
 
 Environment values are parsed strictly: a boolean is one of 1/0/true/false/yes/no/on/off
 (any case), a count an integer in the knob's range, the arch ``sm_<digits>`` with an
-optional ``a`` or ``f``; empty means the default. Anything else raises ``ConfigError``,
+optional ``a`` or ``f``, a Redis URL one with a usable port, compile options none that
+the package sets itself and a ``--dump-dir`` that exists; empty means the default. Anything else raises ``ConfigError``,
 naming the variable and what it accepts, when the package is imported.
 """
 
@@ -86,15 +87,23 @@ class Pattern:
 
 
 def check_compile_options(value: str, variable: str) -> str:
-    """Options for ``cute.compile``, none of which sets what ``RESERVED_OPTIONS`` names."""
-    for token in value.split():
-        name = token[2:].split("=")[0] if token.startswith("--") else ""
+    """Options for ``cute.compile``, none of which sets what ``RESERVED_OPTIONS`` names,
+    with a ``--dump-dir`` that exists (CuTe DSL writes nothing to one that does not, and
+    says nothing)."""
+    tokens = value.split()
+    for index, token in enumerate(tokens):
+        name, _, given = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if name and any(option.startswith(name) for option in RESERVED_OPTIONS):
             raise ConfigError(
                 variable=variable, value=value,
                 accepted="cute.compile options other than "
                 + ", ".join(f"--{option}" for option in RESERVED_OPTIONS)
                 + " (cutedsl_inductor sets those; the arch is CUTEDSL_INDUCTOR_ARCH)")
+        folder = given or (tokens[index + 1] if index + 1 < len(tokens) else "")
+        if name == "dump-dir" and not os.path.isdir(folder):
+            raise ConfigError(variable=variable, value=value,
+                              accepted=f"a --dump-dir that is a folder ({folder!r} is none: "
+                              "CuTe DSL would dump nothing there)")
     return value
 
 

@@ -40,6 +40,10 @@ def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, val
     ("CUTEDSL_INDUCTOR_COMPILE_WORKERS", "100000", f"an integer from 0 to {os.cpu_count()}"),
     ("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", "1e3", "an integer from 0 to 60000"),
     ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--gpu-arch sm_80", "other than --gpu-arch"),
+    ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--keep-cubin --dump-dir=/nonexistent",
+     "a --dump-dir that is a folder ('/nonexistent' is none"),
+    ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--keep-ptx --dump-dir /nonexistent",
+     "a --dump-dir that is a folder ('/nonexistent' is none"),
     ("CUTEDSL_INDUCTOR_ARCH", "foo", "a GPU arch such as sm_90a"),
     ("CUTE_DSL_ARCH", "sm90", "a GPU arch such as sm_90a"),
     ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "x(): pass\nimport os", "letters, digits and _"),
@@ -65,6 +69,12 @@ def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_
 def test_a_redis_url_with_a_port_or_a_socket_is_taken(monkeypatch, reload_config, url):
     monkeypatch.setenv("TORCHINDUCTOR_REDIS_URL", url)
     assert reload_config().redis_url == url
+
+
+def test_a_dump_dir_that_exists_is_taken(monkeypatch, reload_config, tmp_path):
+    options = f"--keep-cubin --dump-dir={tmp_path}"
+    monkeypatch.setenv("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", options)
+    assert reload_config().compile_options == options
 
 
 def test_the_entry_suffix_names_nothing_the_templates_define_beside_the_entry():
