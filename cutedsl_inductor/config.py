@@ -263,6 +263,12 @@ compile_workers: int = _knob(
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
     "processes compiling the choices Inductor precompiles (0: in this process)",
     default_doc="half the CPUs, at most 8; 0 below 4 CPUs")
+compile_worker_timeout_s: int = _knob(
+    "compile_worker_timeout_s", "CUTEDSL_INDUCTOR_COMPILE_WORKER_TIMEOUT_S", 300,
+    Integer(1, 86400),
+    "the longest a compile worker is waited for, to start or to build one kernel: one that "
+    "does not answer by then is killed and its kernel built by another "
+    "(`runtime/workers.py`)")
 compile_prefetch: bool = _knob(
     "compile_prefetch", "CUTEDSL_INDUCTOR_COMPILE_PREFETCH", False, Boolean(),
     "our choices start building in the compile workers when they are made, not when "
