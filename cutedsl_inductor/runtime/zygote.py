@@ -209,9 +209,14 @@ class Build(NamedTuple):
     path: str
 
     def load(self) -> Any:
+        """Build it into the disk cache the knobs name. What a worker built before is
+        forgotten first: its product is the entry on disk, and a kernel it kept in memory
+        would be answered from there though that cache (another, since) lacks it."""
         from .. import config
+        from ..compile import compiler
         from .loader import load_kernel
 
+        compiler._COMPILED.clear()
         with config.patch(**self.knobs):
             return load_kernel(self.kernel_name, self.source, self.specs,
                                template=self.template, params=self.params, path=self.path)

@@ -57,6 +57,20 @@ def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_w
         "remote", "remote"]
 
 
+def test_a_worker_builds_into_the_cache_asked_for_not_from_its_memory(graph, two_workers,
+                                                                    tmp_path, monkeypatch):
+    """The same kernel asked for in another cache folder (this process forgot it): the
+    worker that built it before stores it there too, so nothing compiles here."""
+    monkeypatch.setattr(config, "compile_workers", 1)  # the same worker, both times
+    (choice,) = add_choices(graph, (64,))
+    assert workers.build_in_worker(choice.bmreq) == "compiled"
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another cache"))
+    compiler._COMPILED.clear()
+    (again,) = add_choices(graph, (64,))
+    assert workers.build_in_worker(again.bmreq) == "compiled"
+    assert again.load().origin == "disk" and compiler.stats["compiled"] == 0
+
+
 def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
     (first,) = add_choices(graph, (128,))
     first.load()  # compiled here, no workers
