@@ -19,6 +19,7 @@ anything runs.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import torch
@@ -133,9 +134,23 @@ def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    summary = precompile(args.arch, args.templates, args.gemm_shapes)
+    summary = precompile(_as_a_gpu_compiles(args.arch), args.templates, args.gemm_shapes)
     print(summary)
-    return 1 if summary.failed else 0
+    return 1 if summary.failed or not summary.offered else 0
+
+
+def _as_a_gpu_compiles(arch: str) -> str:
+    """``--arch`` as a process on that GPU compiles for it, said in one line where that
+    differs: sm_90 is taken as sm_90a, since a process on a Hopper GPU looks its kernels
+    up for sm_90a (and the GEMM needs it), so kernels for sm_90 would never be loaded."""
+    found = re.fullmatch(r"sm_([0-9]+)([0-9])", arch)
+    gpu = found and compiler.gpu_arch(int(found[1]), int(found[2]))
+    if not gpu or gpu == arch or gpu not in compiler.cute_archs():
+        return arch
+    print(f"--arch {arch} taken as {gpu}: a process on that GPU compiles for {gpu} and looks "
+          f"its kernels up so (set cutedsl_inductor.config.arch={arch!r} there to use "
+          f"{arch})", file=sys.stderr)
+    return gpu
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -114,6 +114,27 @@ def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args
     assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
 
 
+def test_precompile_for_sm_90_takes_sm_90a_and_says_so(tmp_path):
+    """A process on a Hopper GPU compiles for sm_90a (and the GEMM needs it): kernels for
+    sm_90 would never be looked up."""
+    run = cli("precompile", "--arch", "sm_90", "--templates", "elementwise",
+              cache_dir=tmp_path / "kernels")
+    assert run.returncode == 0 and precompiled(run.stdout) == (9, 0, 0, 0), run.stderr[-2000:]
+    notes = [line for line in run.stderr.splitlines() if "taken as" in line]
+    assert notes == ["--arch sm_90 taken as sm_90a: a process on that GPU compiles for sm_90a "
+                     "and looks its kernels up so (set cutedsl_inductor.config.arch='sm_90' "
+                     "there to use sm_90)"]
+    assert "precompile sm_90a" in run.stderr
+
+
+def test_precompile_says_which_template_offered_nothing_for_its_arch(tmp_path):
+    run = cli("precompile", "--arch", "sm_80", "--templates", "gemm",
+              cache_dir=tmp_path / "kernels")
+    assert run.returncode == 1 and precompiled(run.stdout) == (0, 0, 0, 0)
+    assert ("  NOTHING from gemm: it offers no choice for sm_80 (an arch its kernels do not "
+            "support, or these shapes)") in run.stdout.splitlines()
+
+
 A_FILE = str(ROOT / "README.md")
 
 
