@@ -1,8 +1,10 @@
 """Command line: ``cutedsl-inductor <command>`` (or ``python -m cutedsl_inductor``).
 
   demo                         the main job (see ``cutedsl_inductor.demo``)
-  cache info | cache clear     what the kernel cache holds, and the remote tier / empty
-                               the local cache (kernels and tuning decisions)
+  cache info [--verify] | cache clear
+                               what the kernel cache holds (writing nothing; --verify:
+                               each entry's files against its manifest), and the remote
+                               tier / empty the local cache (kernels and tuning decisions)
   precompile [--arch sm_90a] [--templates elementwise,gemm] [--gemm-shapes S]
                                compile the built-in templates' default choices into the
                                cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
@@ -19,6 +21,7 @@ anything runs.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import torch
@@ -53,7 +56,7 @@ BENCHES = {
 
 
 def _cache(args: argparse.Namespace) -> int:
-    cache = default_cache()
+    cache = default_cache(create=args.action == "clear")  # info writes nothing
     mode = cache.mode
     if args.action == "clear":
         if not mode.writable:
@@ -67,19 +70,27 @@ def _cache(args: argparse.Namespace) -> int:
         for error in result.errors + errors:
             print(f"  could not remove {error}", file=sys.stderr)
         return 1 if result.errors or errors else 0
-    entries = cache.entries()
+    entries = cache.entries(digests=args.verify)
     size = sum(entry["disk_bytes"] for entry in entries)
     print(f"cache dir: {cache.root}" + (f" ({mode.note})" if mode.note else "")
           + f"\nentries:   {len(entries)}\nsize:      {size / 1e6:.2f} MB")
     print("\n".join(cache_tiers()))
     for entry in entries:
-        if entry.get("corrupt"):
-            print(f"  {entry['key'][:16]}  CORRUPT manifest")
-            continue
-        flag = "" if entry["verified"] else "  UNVERIFIED (rebuilt when next needed)"
-        print(f"  {entry['key'][:16]}  {entry.get('arch')}  {entry.get('template')}  "
-              f"{entry.get('params')}{flag}")
-    return 0
+        print(f"  {entry['key'][:16]}  {_entry_line(entry)}")
+    damaged = sum(bool(entry.get("damaged")) for entry in entries)
+    if args.verify:
+        print(f"verified:  {len(entries) - damaged} of {len(entries)} entries' files match "
+              f"their manifests" + (f"; {damaged} CORRUPT" if damaged else ""))
+    return 1 if damaged else 0
+
+
+def _entry_line(entry: dict) -> str:
+    if entry.get("corrupt"):
+        return "CORRUPT manifest"
+    flag = "" if entry["verified"] else "  UNVERIFIED (rebuilt when next needed)"
+    if entry.get("damaged"):
+        flag = f"  CORRUPT: {entry['damaged']} (rebuilt when next needed)"
+    return f"{entry.get('arch')}  {entry.get('template')}  {entry.get('params')}{flag}"
 
 
 def cache_tiers() -> list[str]:
@@ -133,9 +144,23 @@ def _gemm_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    summary = precompile(args.arch, args.templates, args.gemm_shapes)
+    summary = precompile(_as_a_gpu_compiles(args.arch), args.templates, args.gemm_shapes)
     print(summary)
-    return 1 if summary.failed else 0
+    return 1 if summary.failed or not summary.offered else 0
+
+
+def _as_a_gpu_compiles(arch: str) -> str:
+    """``--arch`` as a process on that GPU compiles for it, said in one line where that
+    differs: sm_90 is taken as sm_90a, since a process on a Hopper GPU looks its kernels
+    up for sm_90a (and the GEMM needs it), so kernels for sm_90 would never be loaded."""
+    found = re.fullmatch(r"sm_([0-9]+)([0-9])", arch)
+    gpu = found and compiler.gpu_arch(int(found[1]), int(found[2]))
+    if not gpu or gpu == arch or gpu not in compiler.cute_archs():
+        return arch
+    print(f"--arch {arch} taken as {gpu}: a process on that GPU compiles for {gpu} and looks "
+          f"its kernels up so (set cutedsl_inductor.config.arch={arch!r} there to use "
+          f"{arch})", file=sys.stderr)
+    return gpu
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -163,6 +188,8 @@ def parser(prog: str = "cutedsl-inductor") -> argparse.ArgumentParser:
     commands.add_parser("demo", help="compile and run the example").set_defaults(run=_demo)
     cache = commands.add_parser("cache", help="inspect or clear the kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
+    cache.add_argument("--verify", action="store_true",
+                       help="info: also read each entry's files and check their digests")
     cache.set_defaults(run=_cache)
     pre = commands.add_parser("precompile", help="fill the kernel cache, GPU or not")
     pre.add_argument("--arch", default="sm_90a", type=_arch)

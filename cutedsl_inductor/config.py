@@ -16,7 +16,8 @@ setting serves both.
 
 Environment values are parsed strictly: a boolean is one of 1/0/true/false/yes/no/on/off
 (any case), a count an integer in the knob's range, the arch ``sm_<digits>`` with an
-optional ``a`` or ``f``; empty means the default. Anything else raises ``ConfigError``,
+optional ``a`` or ``f``, a Redis URL one with a usable port, compile options none that
+the package sets itself and a ``--dump-dir`` that exists; empty means the default. Anything else raises ``ConfigError``,
 naming the variable and what it accepts, when the package is imported.
 """
 
@@ -26,6 +27,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -85,15 +87,58 @@ class Pattern:
 
 
 def check_compile_options(value: str, variable: str) -> str:
-    """Options for ``cute.compile``, none of which sets what ``RESERVED_OPTIONS`` names."""
-    for token in value.split():
-        name = token[2:].split("=")[0] if token.startswith("--") else ""
+    """Options for ``cute.compile``, none of which sets what ``RESERVED_OPTIONS`` names,
+    with a ``--dump-dir`` that exists (CuTe DSL writes nothing to one that does not, and
+    says nothing)."""
+    tokens = value.split()
+    for index, token in enumerate(tokens):
+        name, _, given = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if name and any(option.startswith(name) for option in RESERVED_OPTIONS):
             raise ConfigError(
                 variable=variable, value=value,
                 accepted="cute.compile options other than "
                 + ", ".join(f"--{option}" for option in RESERVED_OPTIONS)
                 + " (cutedsl_inductor sets those; the arch is CUTEDSL_INDUCTOR_ARCH)")
+        folder = given or (tokens[index + 1] if index + 1 < len(tokens) else "")
+        if name == "dump-dir" and not os.path.isdir(folder):
+            raise ConfigError(variable=variable, value=value,
+                              accepted=f"a --dump-dir that is a folder ({folder!r} is none: "
+                              "CuTe DSL would dump nothing there)")
+    return value
+
+
+# what the hooks (``<kernel_name>_epilogue``, ...) and the built-in templates and the docs'
+# examples (``<kernel_name>_kernel``, ...) define beside the entry: the entry named so
+# would replace it
+TAKEN_SUFFIXES = ("kernel", "jit", "Gemm", "Flex", "FlexBwd", "prologue", "epilogue",
+                  "epilogue_registers", "epilogue_load", "epilogue_load_pair", "epilogue_apply")
+
+
+def check_entry_suffix(value: str, variable: str) -> str:
+    """Letters, digits and _, none of ``TAKEN_SUFFIXES``."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", value) or value in TAKEN_SUFFIXES:
+        raise ConfigError(variable=variable, value=value,
+                          accepted="letters, digits and _, other than "
+                          + ", ".join(TAKEN_SUFFIXES)
+                          + " (the templates define <kernel_name>_<that> beside the entry)")
+    return value
+
+
+REDIS_URL_ACCEPTED = ("a Redis URL: redis://HOST:PORT or rediss://HOST:PORT (PORT from 1 to "
+                      "65535), or unix://PATH")
+
+
+def check_redis_url(value: str, variable: str) -> str:
+    """A Redis URL with a port redis-py can connect to (parsed by ``urllib``, as redis-py
+    parses it), or a socket path."""
+    try:
+        url = urllib.parse.urlsplit(value)
+        usable = ((url.scheme in ("redis", "rediss") and bool(url.netloc) and url.port != 0)
+                  or (url.scheme == "unix" and bool(url.path)))
+    except ValueError:  # a port that is no number or out of range, a broken IPv6 address
+        usable = False
+    if not usable or re.search(r"\s", value):
+        raise ConfigError(variable=variable, value=value, accepted=REDIS_URL_ACCEPTED)
     return value
 
 
@@ -157,7 +202,8 @@ arch: str | None = _knob(
     changes_code=True, locates_binary=True)
 entry_suffix: str = _knob(
     "entry_suffix", "CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "main",
-    Pattern(r"[A-Za-z0-9_]+", "letters, digits and _"),
+    Text(check_entry_suffix, "letters, digits and _, other than "
+         + ", ".join(f"`{name}`" for name in TAKEN_SUFFIXES)),
     "`def_kernel` defines `<kernel_name>_<entry_suffix>`",
     changes_code=True, locates_binary=True)
 compile_options: str = _knob(
@@ -230,6 +276,12 @@ compile_workers: int = _knob(
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
     "processes compiling the choices Inductor precompiles (0: in this process)",
     default_doc="half the CPUs, at most 8; 0 below 4 CPUs")
+compile_worker_timeout_s: int = _knob(
+    "compile_worker_timeout_s", "CUTEDSL_INDUCTOR_COMPILE_WORKER_TIMEOUT_S", 300,
+    Integer(1, 86400),
+    "the longest a compile worker is waited for, to start or to build one kernel: one that "
+    "does not answer by then is killed and its kernel built by another "
+    "(`runtime/workers.py`)")
 compile_prefetch: bool = _knob(
     "compile_prefetch", "CUTEDSL_INDUCTOR_COMPILE_PREFETCH", False, Boolean(),
     "our choices start building in the compile workers when they are made, not when "
@@ -262,8 +314,8 @@ remote_cache_secret_file: str | None = _knob(
     "(`compile/portable.py`)", locates_binary=True)
 redis_url: str | None = _knob(
     "redis_url", "TORCHINDUCTOR_REDIS_URL", None,
-    Pattern(r"(rediss?|unix)://\S+", "a Redis URL: redis://HOST:PORT, rediss://... or "
-            "unix://PATH"), "Inductor's Redis address (its remote caches read it too)",
+    Text(check_redis_url, REDIS_URL_ACCEPTED),
+    "Inductor's Redis address (its remote caches read it too)",
     locates_binary=True)
 redis_host: str = _knob(
     "redis_host", "TORCHINDUCTOR_REDIS_HOST", "localhost", Text(lambda raw, variable: raw,

@@ -5,11 +5,13 @@ lowering offers three CuteDSL template choices and ATen's add; Inductor prints i
 autotune table, the result is checked against eager, and the generated kernel files
 and cache entries are listed. Without a GPU: the same template choices are compiled
 for sm_90a without a GPU, the generated files and cached binaries are listed, and the
-demo says plainly that nothing ran on a GPU.
+demo says plainly that nothing ran on a GPU, or, where a choice failed to compile, that
+the demo failed (exit status 1).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -48,19 +50,25 @@ def demo_gpu() -> None:
     _show_cache()
 
 
-def demo_cpu() -> None:
+def demo_cpu() -> int:
+    """Its exit status: 1 where a choice failed to compile."""
     print("No CUDA GPU here: compiling the same CuteDSL template choices for sm_90a "
           "without a GPU (real CuTe DSL compiler, real cubins).")
     summary = precompile("sm_90a", templates=("elementwise",))
     print(summary)
     _show_cache()
+    if summary.failed:
+        print(f"\nThe demo FAILED: {len(summary.failed)} of its kernels did not compile "
+              "(the reasons are above).", file=sys.stderr)
+        return 1
     print("\nNothing ran on a GPU. On an sm_90 machine with the same cache directory "
           "(CUTEDSL_INDUCTOR_CACHE_DIR) these kernels load without compiling.")
+    return 0
 
 
 def main() -> int:
+    """The exit status: the GPU demo raises where it fails."""
     if torch.cuda.is_available():
         demo_gpu()
-    else:
-        demo_cpu()
-    return 0
+        return 0
+    return demo_cpu()

@@ -38,6 +38,14 @@ class TemplateRegistryError(CuteDSLInductorError):
     )
 
 
+class TemplateNameError(CuteDSLInductorError, ValueError):
+    message = (
+        "CuteDSL template name {name!r} is refused: it goes into its kernels' names (Python "
+        "functions, then symbols of the compiled code), so it must be an ASCII Python "
+        "identifier (letters A-Z and a-z, digits and _, not starting with a digit)"
+    )
+
+
 class TemplateRenderError(CuteDSLInductorError):
     message = (
         "CuteDSL template {template!r} failed to render with parameters [{params}]: "

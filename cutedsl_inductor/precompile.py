@@ -18,7 +18,8 @@ disk cache's lock) and their counts add up. What is compiled is published to the
 tier where it is on: precompiling on one machine fills it for the fleet.
 
 Failure semantics: a choice that fails to compile is counted and reported, and the
-rest go on; the summary says what failed and why.
+rest go on; the summary says what failed and why, and which template offered no choice
+at all (for an arch its kernels do not support).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class PrecompileSummary:
     remote: int = 0  # from the remote cache
     failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    offered: int = 0  # choices the templates offered
+    # templates that offered no choice, each with the arch (a template offers none for
+    # an arch its kernels do not support: the GEMM's need sm_90a)
+    silent: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
         total = self.compiled + self.local + self.remote + len(self.failed)
@@ -56,6 +61,8 @@ class PrecompileSummary:
             f"cache, {len(self.failed)} failed"
         ]
         lines += [f"  FAILED {name}: {reason}" for name, reason in self.failed]
+        lines += [f"  NOTHING from {name}: it offers no choice for {arch} (an arch its kernels "
+                  "do not support, or these shapes)" for name, arch in self.silent]
         return "\n".join(lines)
 
 
@@ -73,9 +80,13 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
         for name in templates:
             module = importlib.import_module(BUILTIN_TEMPLATES[name])
             if name == "gemm" and gemm_shapes:
-                choices += module.precompile_choices(scratch, gemm_shapes)
+                offered = module.precompile_choices(scratch, gemm_shapes)
             else:
-                choices += module.precompile_choices(scratch)
+                offered = module.precompile_choices(scratch)
+            if not offered:
+                summary.silent.append((name, arch))
+            choices += offered
+        summary.offered = len(choices)
         with ThreadPoolExecutor(max(1, config.compile_workers)) as pool:
             built = pool.map(_build, choices)
             for choice, outcome in tqdm(zip(choices, built), total=len(choices),

@@ -1,6 +1,9 @@
-"""IR builders for CPU tests: real Inductor nodes on a (virtual) CUDA device."""
+"""IR builders for CPU tests: real Inductor nodes on a (virtual) CUDA device; and what
+/proc says of processes (the compile workers' tests)."""
 
 import contextlib
+import os
+import time
 
 import torch
 
@@ -108,3 +111,37 @@ def run_unprivileged(args, **kwargs):
         if probe.returncode != 0:
             pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
     return subprocess.run([*prefix, *args], **kwargs)
+
+
+def process_state(pid):
+    """A process's state letter ("R", "S", "T" stopped, "Z" zombie, ...), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def children(pid):
+    """The pids of a process's children."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def zombie_children():
+    """This process's children that exited and were not reaped."""
+    return [pid for pid in children(os.getpid()) if process_state(pid) == "Z"]
+
+
+def wait_until(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)

@@ -31,6 +31,38 @@ def precompiled(stdout):
     return tuple(map(int, found.groups()))
 
 
+def damage_two_entries(cache_dir):
+    """A byte flipped in one entry's object; another's library swapped for a third's."""
+    objects = sorted(cache_dir.glob("*/*.o"))
+    data = bytearray(objects[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    objects[0].write_bytes(bytes(data))
+    libraries = sorted(cache_dir.glob("*/*.so"))
+    libraries[-1].write_bytes(libraries[-2].read_bytes())
+
+
+def tree(folder):
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def test_cache_info_writes_nothing_and_warns_of_a_folder_of_other_files(tmp_path):
+    """A cache dir set to a home folder, or to one that does not exist: ``cache info``
+    (a read-only command) creates nothing there, not even the cache's secret."""
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    before = tree(home)
+    info = cli("cache", "info", cache_dir=home)
+    assert info.returncode == 0 and "entries:   0" in info.stdout, info.stderr[-2000:]
+    assert tree(home) == before
+    assert (f"CuteDSL kernel cache {home} holds 2 name(s) that are not the cache's "
+            "('.config', 'notes.txt'): is it the folder meant?") in info.stderr
+    missing = tmp_path / "missing"
+    info = cli("cache", "info", cache_dir=missing)
+    assert info.returncode == 0 and f"cache dir: {missing} (does not exist (yet))" in info.stdout
+    assert not missing.exists()
+
+
 def test_precompile_then_cache_info_then_clear(tmp_path):
     cache_dir = tmp_path / "kernels"
     run = cli("precompile", "--arch", "sm_90a", "--templates", "elementwise", cache_dir=cache_dir)
@@ -43,6 +75,17 @@ def test_precompile_then_cache_info_then_clear(tmp_path):
     assert f"cache dir: {cache_dir}" in info.stdout and "entries:   9" in info.stdout
     assert "elementwise_add" in info.stdout
     assert "remote:    off (CUTEDSL_INDUCTOR_REMOTE_CACHE=1 turns it on)" in info.stdout
+    damage_two_entries(cache_dir)
+    assert "CORRUPT" not in cli("cache", "info", cache_dir=cache_dir).stdout  # seals only
+    verified = cli("cache", "info", "--verify", cache_dir=cache_dir)
+    assert verified.returncode == 1
+    flagged = sorted(line.split("CORRUPT: ")[1] for line in verified.stdout.splitlines()
+                     if "CORRUPT: " in line)
+    assert re.fullmatch(r"library (checksum mismatch|truncated \(\d+ of \d+ bytes\)) "
+                        r"\(rebuilt when next needed\)", flagged[0]), flagged
+    assert flagged[1] == "object checksum mismatch (rebuilt when next needed)"
+    assert ("verified:  7 of 9 entries' files match their manifests; 2 CORRUPT"
+            in verified.stdout)
     cleared = cli("cache", "clear", cache_dir=cache_dir)
     assert "removed 9 entries and 0 tuning decisions" in cleared.stdout
     assert "entries:   0" in cli("cache", "info", cache_dir=cache_dir).stdout
@@ -112,6 +155,27 @@ def test_precompile_checks_its_arguments_before_anything_compiles(tmp_path, args
     (error,) = [line for line in run.stderr.splitlines() if "error:" in line]
     assert message in error
     assert "Traceback" not in run.stderr and not (tmp_path / "kernels").exists()
+
+
+def test_precompile_for_sm_90_takes_sm_90a_and_says_so(tmp_path):
+    """A process on a Hopper GPU compiles for sm_90a (and the GEMM needs it): kernels for
+    sm_90 would never be looked up."""
+    run = cli("precompile", "--arch", "sm_90", "--templates", "elementwise",
+              cache_dir=tmp_path / "kernels")
+    assert run.returncode == 0 and precompiled(run.stdout) == (9, 0, 0, 0), run.stderr[-2000:]
+    notes = [line for line in run.stderr.splitlines() if "taken as" in line]
+    assert notes == ["--arch sm_90 taken as sm_90a: a process on that GPU compiles for sm_90a "
+                     "and looks its kernels up so (set cutedsl_inductor.config.arch='sm_90' "
+                     "there to use sm_90)"]
+    assert "precompile sm_90a" in run.stderr
+
+
+def test_precompile_says_which_template_offered_nothing_for_its_arch(tmp_path):
+    run = cli("precompile", "--arch", "sm_80", "--templates", "gemm",
+              cache_dir=tmp_path / "kernels")
+    assert run.returncode == 1 and precompiled(run.stdout) == (0, 0, 0, 0)
+    assert ("  NOTHING from gemm: it offers no choice for sm_80 (an arch its kernels do not "
+            "support, or these shapes)") in run.stdout.splitlines()
 
 
 A_FILE = str(ROOT / "README.md")

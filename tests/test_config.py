@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,9 +40,19 @@ def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, val
     ("CUTEDSL_INDUCTOR_COMPILE_WORKERS", "100000", f"an integer from 0 to {os.cpu_count()}"),
     ("CUTEDSL_INDUCTOR_AUTOTUNE_SETTLE_MS", "1e3", "an integer from 0 to 60000"),
     ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--gpu-arch sm_80", "other than --gpu-arch"),
+    ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--keep-cubin --dump-dir=/nonexistent",
+     "a --dump-dir that is a folder ('/nonexistent' is none"),
+    ("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", "--keep-ptx --dump-dir /nonexistent",
+     "a --dump-dir that is a folder ('/nonexistent' is none"),
     ("CUTEDSL_INDUCTOR_ARCH", "foo", "a GPU arch such as sm_90a"),
     ("CUTE_DSL_ARCH", "sm90", "a GPU arch such as sm_90a"),
     ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "x(): pass\nimport os", "letters, digits and _"),
+    ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "kernel", "other than kernel, jit, "),
+    ("CUTEDSL_INDUCTOR_ENTRY_SUFFIX", "epilogue_apply", "other than kernel, jit, "),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:notaport", "PORT from 1 to 65535"),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://127.0.0.1:99999", "PORT from 1 to 65535"),
+    ("TORCHINDUCTOR_REDIS_URL", "redis://[::1", "a Redis URL"),
+    ("TORCHINDUCTOR_REDIS_URL", "http://127.0.0.1:6379", "a Redis URL"),
 ])
 def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_config,
                                                             variable, raw, accepted):
@@ -51,6 +62,30 @@ def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch, reload_
         reload_config()
     assert str(info.value).startswith(f"{variable}={raw.strip()!r} is not accepted: expected ")
     assert accepted in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379", "rediss://user:pw@cache:6380/0",
+                                 "redis://cache", "unix:///run/redis.sock"])
+def test_a_redis_url_with_a_port_or_a_socket_is_taken(monkeypatch, reload_config, url):
+    monkeypatch.setenv("TORCHINDUCTOR_REDIS_URL", url)
+    assert reload_config().redis_url == url
+
+
+def test_a_dump_dir_that_exists_is_taken(monkeypatch, reload_config, tmp_path):
+    options = f"--keep-cubin --dump-dir={tmp_path}"
+    monkeypatch.setenv("CUTEDSL_INDUCTOR_COMPILE_OPTIONS", options)
+    assert reload_config().compile_options == options
+
+
+def test_the_entry_suffix_names_nothing_the_templates_define_beside_the_entry():
+    """Every ``<kernel_name>_<name>`` the package's templates and hooks define, and the
+    docs' examples, is refused as the entry's suffix (the entry would replace it)."""
+    texts = [p.read_text() for p in (ROOT / "cutedsl_inductor").rglob("*.py")]
+    texts += [(ROOT / "README.md").read_text(), (ROOT / "docs" / "templates.md").read_text()]
+    defined = {name for text in texts for name in re.findall(
+        r"(?:\{\{kernel_name\}\}|\{self\.kernel_name\}|<kernel_name>)_(\w+)", text)}
+    assert defined - {"main"} <= set(config.TAKEN_SUFFIXES), defined
+    assert "kernel" in defined
 
 
 def test_the_import_fails_with_that_one_line():

@@ -7,7 +7,8 @@ Everything goes through ``Folder`` (descriptors, no symlink followed), and only 
 names are read or removed.
 
 Failure semantics: listing never raises (a folder or file that cannot be read is
-skipped; a manifest that does not parse is listed as "corrupt"); ``clear`` leaves an
+skipped; a manifest that does not parse is listed as "corrupt"; with digests checked, a
+file that cannot be read is what damages its entry); ``clear`` leaves an
 entry whose lock another process holds and collects each failure as one line.
 """
 
@@ -22,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from .cache_files import Folder
-from .integrity import check_seal
+from .integrity import check_seal, file_problem
 
 _FOLDER = re.compile(r"[0-9a-f]{2}")
+# what the root holds besides entry folders: the secret (and its temp file while made,
+# ``Folder.link_new``), the tuning decisions' folder (``decisions.py``)
+_ROOT_NAME = re.compile(r"secret|\.secret\.[0-9a-f]{16}\.tmp|decisions")
 # the files of an entry, and its temp files while written (``Folder.write_atomic``)
 _ENTRY_FILE = re.compile(r"(?P<key>[0-9a-f]{64})\.(o|so|json|lock)")
 _TEMP_FILE = re.compile(r"\.(?P<key>[0-9a-f]{64})\.(o|so|json)\.[0-9a-f]{16}\.tmp")
@@ -56,6 +60,12 @@ def _folders(root_path: Path) -> Iterator[Folder]:
                 yield folder
 
 
+def foreign_names(root: Folder) -> list[str]:
+    """The names in the root that are not the cache's, sorted."""
+    return sorted(name for name in root.names()
+                  if not (_FOLDER.fullmatch(name) or _ROOT_NAME.fullmatch(name)))
+
+
 def _keys(folder: Folder) -> dict[str, list[str]]:
     """key -> its file names in ``folder`` (entry files and temp files)."""
     keys: dict[str, list[str]] = {}
@@ -66,10 +76,11 @@ def _keys(folder: Folder) -> dict[str, list[str]]:
     return keys
 
 
-def entries(root: Path, secret: bytes | None) -> list[dict[str, Any]]:
+def entries(root: Path, secret: bytes | None, digests: bool = False) -> list[dict[str, Any]]:
     """The manifest of each entry under ``root``, with "verified" (its seal under
     ``secret`` and its key check out) or "corrupt", and "disk_bytes" (what its files
-    take)."""
+    take). With ``digests``, a verified entry whose object or library is not what its
+    manifest records (read and hashed) gets "damaged": what is wrong."""
     found = []
     for folder in _folders(root):
         for key, names in sorted(_keys(folder).items()):
@@ -83,9 +94,29 @@ def entries(root: Path, secret: bytes | None) -> list[dict[str, Any]]:
                 continue  # no entry (yet, or any more)
             except (OSError, ValueError, TypeError, AttributeError):
                 manifest = {"corrupt": True}
+            if digests and manifest.get("verified"):
+                manifest["damaged"] = _damage(folder, key, manifest)
             size = sum(folder.file_size(name) for name in names)
             found.append({**manifest, "key": key, "disk_bytes": size})
     return found
+
+
+def _damage(folder: Folder, key: str, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a sealed entry's object or library, or None."""
+    files = [("object", f"{key}.o", manifest.get("size"), manifest.get("sha256"))]
+    if manifest.get("library_sha256") is not None:
+        files.append(("library", f"{key}.so", manifest.get("library_size"),
+                      manifest.get("library_sha256")))
+    for what, name, size, digest in files:
+        try:
+            problem = file_problem(what, folder.read(name), size, digest)
+        except FileNotFoundError:
+            problem = f"{what} missing"
+        except OSError as err:
+            problem = f"{what} unreadable ({type(err).__name__}: {err})"
+        if problem is not None:
+            return problem
+    return None
 
 
 def clear(root: Path) -> ClearResult:

@@ -72,10 +72,14 @@ def target_arch() -> str:
     import torch
 
     if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        suffix = "a" if major >= 9 else ""
-        return f"sm_{major}{minor}{suffix}"
+        return gpu_arch(*torch.cuda.get_device_capability())
     return "sm_90a"
+
+
+def gpu_arch(major: int, minor: int) -> str:
+    """The arch a process compiles for on a GPU of compute capability (major, minor):
+    from Hopper on, with its arch-specific features (``sm_90a``)."""
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 @functools.cache

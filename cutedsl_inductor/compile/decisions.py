@@ -27,7 +27,7 @@ from typing import Any
 
 from . import versions
 from .cache_files import Folder
-from .disk_cache import default_cache
+from .disk_cache import KernelDiskCache, default_cache
 from .integrity import check_seal, seal
 from .portable import record_artifact
 from .remote_cache import default_tier
@@ -104,9 +104,10 @@ def _value(payload: bytes) -> Any | None:
         return None
 
 
-def _folder(create: bool) -> Folder | None:
-    """The store's folder, or None where the cache is off or it does not exist."""
-    cache = default_cache()
+def _folder(create: bool, cache: KernelDiskCache | None = None) -> Folder | None:
+    """The store's folder in ``cache`` (default: the configured one), or None where the
+    cache is off or it does not exist."""
+    cache = cache or default_cache()
     if cache.mode.secret is None:
         return None
     with Folder.open_root(cache.root) as root:
@@ -159,9 +160,9 @@ def _write(key: str, value: Any) -> None:
 
 
 def entries() -> list[str]:
-    """The keys of the stored decisions (verified or not)."""
+    """The keys of the stored decisions (verified or not); the cache is only looked at."""
     try:
-        folder = _folder(create=False)
+        folder = _folder(create=False, cache=default_cache(create=False))
         if folder is None:
             return []
         with folder:

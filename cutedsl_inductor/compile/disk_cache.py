@@ -21,6 +21,10 @@ library or its library does not load (one warning). The symbol is derived from t
 remote tier's) and stores it, sealed under this cache's secret. Folders are created
 0700, files 0600.
 
+A root that holds names the cache does not own (``$HOME``, ``/``) is said in one warning
+when first used. A cache opened only to be looked at (``default_cache(create=False)``:
+``cache info``) creates neither its root nor its secret, and warns of its mode only there.
+
 Modes, decided at first use and, unless read-write, said in one warning: read-write;
 read-only when the root belongs to another user or is not writable (entries load where
 they verify; nothing is locked, written or removed); off when the root is no usable
@@ -54,7 +58,7 @@ from .. import config
 from ..exc import CacheEntryError
 from . import cache_inventory, versions
 from .cache_files import Folder, make_dirs
-from .integrity import check_seal, read_secret, seal
+from .integrity import check_seal, file_problem, read_secret, seal
 from .objects import link_library, load_library, load_object, symbol_for
 
 log = logging.getLogger(__name__)
@@ -78,8 +82,10 @@ def _cache_for(root: Path) -> "KernelDiskCache":
     return KernelDiskCache(root)
 
 
-def default_cache() -> "KernelDiskCache":
-    return _cache_for(default_root())
+def default_cache(create: bool = True) -> "KernelDiskCache":
+    """The configured cache; ``create=False``: a view of it made now, to be looked at
+    (``cache info``), which creates nothing."""
+    return _cache_for(default_root()) if create else KernelDiskCache(default_root(), False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +100,9 @@ def _describe(err: Exception) -> str:
 
 
 class KernelDiskCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, create: bool = True) -> None:
         self.root = Path(root)
+        self.create = create  # the root and its secret, where missing and writable
         # loaded modules stay referenced: their functions point into them
         self._modules: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -107,14 +114,17 @@ class KernelDiskCache:
         with self._lock:
             if self._mode is None:
                 self._mode = self._open()
-                if self._mode.note is not None:
+                if self._mode.note is not None and self.create:
                     log.warning("CuteDSL kernel cache %s %s", self.root, self._mode.note)
             return self._mode
 
     def _open(self) -> Mode:
         try:
-            make_dirs(self.root)
+            if self.create:
+                make_dirs(self.root)
             info = os.stat(self.root)
+        except FileNotFoundError:
+            return Mode(False, None, "does not exist (yet)")
         except OSError as err:
             return Mode(False, None, f"cannot be used ({_describe(err)}); kernels compile "
                                      "in memory")
@@ -126,16 +136,30 @@ class KernelDiskCache:
             f"belongs to uid {info.st_uid}, not to this user" if not mine else "is not writable")
         try:
             with Folder.open_root(self.root) as root:
-                secret = read_secret(root, info.st_uid, create=writable)
+                self._warn_of_others(root)
+                secret = read_secret(root, info.st_uid, create=writable and self.create)
         except OSError as err:
             return Mode(False, None, f"cannot be used: its secret: {_describe(err)}; kernels "
                                      "compile in memory")
+        if secret is None and note is None:  # looked at only: nothing stored there yet
+            return Mode(False, None, "has no secret: nothing was stored there yet")
         if secret is None:
             return Mode(False, None, f"{note} and has no secret, so its entries cannot be "
                                      "verified; kernels compile in memory")
         if note is not None:
             note += ": used read-only (entries load where they verify; nothing is stored)"
         return Mode(writable, secret, note)
+
+    def _warn_of_others(self, root: Folder) -> None:
+        """One warning where the root holds what the cache does not name (a home folder,
+        ``/``): the cache will add its files beside them."""
+        others = cache_inventory.foreign_names(root)
+        if others:
+            shown = ", ".join(repr(name) for name in others[:3])
+            log.warning("CuteDSL kernel cache %s holds %d name(s) that are not the cache's "
+                        "(%s%s): is it the folder meant? A kernel cache wants a folder of its "
+                        "own (CUTEDSL_INDUCTOR_CACHE_DIR)", self.root, len(others), shown,
+                        ", ..." if len(others) > 3 else "")
 
     def fault(self, action: str, err: Exception, consequence: str) -> None:
         """One warning per kind of fault; the rest at debug level."""
@@ -186,10 +210,11 @@ class KernelDiskCache:
 
     # -- maintenance (``cache_inventory.py``) ---------------------------------------
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self, digests: bool = False) -> list[dict[str, Any]]:
         """The manifest of each entry, with "verified" (its seal and key check out) or
-        "corrupt", and "disk_bytes" (what its files take)."""
-        return cache_inventory.entries(self.root, self.mode.secret)
+        "corrupt", and "disk_bytes" (what its files take); with ``digests``, "damaged"
+        (``cache_inventory.entries``)."""
+        return cache_inventory.entries(self.root, self.mode.secret, digests)
 
     def clear(self) -> cache_inventory.ClearResult:
         """Remove every entry not being written right now (its lock held)."""
@@ -248,10 +273,9 @@ class Entry:
                 data = self.folder.read(name)
             except FileNotFoundError:
                 raise unusable(f"{what} missing") from None
-            if len(data) != size:
-                raise unusable(f"{what} truncated ({len(data)} of {size} bytes)")
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise unusable(f"{what} checksum mismatch")
+            problem = file_problem(what, data, size, digest)
+            if problem is not None:
+                raise unusable(problem)
             return data
 
         try:

@@ -71,3 +71,13 @@ def seal(secret: bytes, manifest: dict[str, Any]) -> str:
 def check_seal(secret: bytes, manifest: dict[str, Any]) -> bool:
     mac = manifest.get("mac")
     return isinstance(mac, str) and hmac.compare_digest(mac, seal(secret, manifest))
+
+
+def file_problem(what: str, data: bytes, size: Any, digest: Any) -> str | None:
+    """What is wrong with an entry's file ``data`` (its ``what``: "object", "library")
+    against the size and sha256 its manifest records, or None."""
+    if len(data) != size:
+        return f"{what} truncated ({len(data)} of {size} bytes)"
+    if hashlib.sha256(data).hexdigest() != digest:
+        return f"{what} checksum mismatch"
+    return None

@@ -22,8 +22,19 @@ from torch._inductor.remote_cache import (
 from .remote_cache import OversizedValue, redis_key
 
 
+# a read in one round trip that sends no byte of a value over the bound (ARGV[1]): the
+# value, nil where there is none, or the length of one over the bound. A script without
+# flags reads on a full server and on a replica as GET does.
+GET_BOUNDED = """
+local size = redis.call('STRLEN', KEYS[1])
+if size > tonumber(ARGV[1]) then return size end
+return redis.call('GET', KEYS[1])
+"""
+
+
 class RedisBackend(RemoteCacheBackend[bytes]):
-    """Bytes in Redis under a client with timeouts; a read takes at most ``limit`` bytes."""
+    """Bytes in Redis under a client with timeouts; a value over ``limit`` bytes is not
+    read at all."""
 
     def __init__(self, client: Any, limit: int) -> None:
         super().__init__()
@@ -31,15 +42,10 @@ class RedisBackend(RemoteCacheBackend[bytes]):
         self.limit = limit
 
     def _get(self, key: str) -> bytes | None:
-        # one round trip, no MULTI (which a full server refuses); a value replaced between
-        # the two reads fails verification
-        with self.client.pipeline(transaction=False) as pipe:
-            size, data = pipe.strlen(key).getrange(key, 0, self.limit - 1).execute()
-        if size == 0:
-            return None  # no such key
-        if size > self.limit:
-            raise OversizedValue(size)
-        return data
+        reply = self.client.eval(GET_BOUNDED, 1, key, self.limit)
+        if isinstance(reply, int):
+            raise OversizedValue(reply)
+        return reply or None  # no such key (or an empty value)
 
     def _put(self, key: str, data: bytes) -> None:
         self.client.set(key, data)

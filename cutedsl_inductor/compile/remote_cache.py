@@ -12,8 +12,9 @@ and wait counters) with a pass-through serde, keys laid out as Inductor lays out
 ``RedisRemoteCacheBackend`` sets no timeouts (redis-py's defaults: none before 6.0, 5 s
 and three retries since) and reads a value of any size. Ours waits at most
 ``config.remote_cache_timeout_ms`` to connect and for each reply, retries nothing, and
-reads a value with STRLEN and GETRANGE in one round trip: never more than
-``portable.MAX_ENTRY_BYTES``.
+reads a value in one round trip through a script that sends it only where it is no longer
+than ``portable.MAX_ENTRY_BYTES`` (``remote_backend.GET_BOUNDED``): an oversized value is
+refused unread.
 
 Failure semantics: nothing raises to the caller, and the local path goes on. Redis down
 or slow (a connection error, a timeout) is one warning, and the tier is off for the rest

@@ -31,15 +31,17 @@ read when CuTe is first imported; a request for another arch replaces the zygote
 workers). The remote tier is this process's to use: a kernel it has is fetched here, and
 what a worker compiled is published from here.
 
-Failure semantics:
-- a worker that cannot start (it, or the zygote, dies before it says it is ready: the
-  interpreter or the environment, not a kernel) turns the workers off for this
-  process, with one warning; kernels compile here;
+Failure semantics (every wait on a worker is bounded: ``config.compile_worker_timeout_s``):
+- a worker that cannot start (it, or the zygote, dies or says nothing in time before it
+  says it is ready: the interpreter or the environment, not a kernel) turns the workers
+  off for this process, with one warning, and the zygote is killed; kernels compile here;
 - an error of ours in a worker (``KernelCompileError`` naming template, parameters and
-  generated file; ``GeneratedCodeError``) comes back and is raised here, and a worker
-  that dies in a build (a compiler crash) raises ``CompileWorkerError`` and is replaced
-  on the next need: either way the caller drops the choice, and this process does not
-  compile it again;
+  generated file; ``GeneratedCodeError``) comes back and is raised here;
+- a worker that dies in a build or does not answer in time (killed from outside, a
+  compiler crash, a wedged ptxas, a stopped process) is killed and replaced on the next
+  need, and the build goes to another worker, with one warning; where it fails there
+  too, the kernel is what kills or wedges compilers: ``CompileWorkerError``. Either
+  error drops the choice, and this process does not compile it again;
 - any other failure in a worker (its environment, not the kernel) is logged and the
   kernel compiles here instead.
 Without a disk cache it can write (none, or one used read-only) a worker could hand
@@ -66,7 +68,7 @@ from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache, default_root
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
 from .loader import describe_kernel, kernel_key, source_file
-from .zygote import READY, Build, Failed, Zygote
+from .zygote import Build, Failed, NotStarted, Worker, Zygote
 
 log = logging.getLogger(__name__)
 
@@ -83,55 +85,9 @@ def _count(**added: float) -> None:
             stats[name] += value
 
 
-class _Worker:
-    def __init__(self, zygote: Zygote) -> None:
-        self.arch = zygote.arch
-        self.pid: int | None = None  # said when it is ready
-        self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
-        self.channel = zygote.fork()
-        self.stream = self.channel.makefile("rwb")
-
-    def build(self, request: Build) -> "str | CuteDSLInductorError | Failed":
-        """The worker's reply (see ``zygote._build``); EOFError or BrokenPipeError
-        if it died, _NotStarted if it died before it was ready (it could not start: its
-        environment, not a kernel)."""
-        if self.pid is None:
-            self._wait_until_ready()
-        start = time.perf_counter()
-        pickle.dump(request, self.stream)
-        self.stream.flush()
-        reply = pickle.load(self.stream)
-        _count(builds=1, build_s=time.perf_counter() - start)
-        return reply
-
-    def _wait_until_ready(self) -> None:
-        start = time.perf_counter()
-        try:
-            said = pickle.load(self.stream)
-        except EOFError as err:
-            raise _NotStarted("it, or the zygote that forks it, exited") from err
-        except pickle.UnpicklingError as err:
-            raise _NotStarted(f"its first words were not a pickle: {err}") from err
-        if not (isinstance(said, tuple) and len(said) == 3 and said[0] == READY):
-            raise _NotStarted(f"it said {said!r} instead of ({READY!r}, its pid, its ready time)")
-        self.pid = said[1]
-        _count(started=1, startup_s=max(said[2] - self.spawned_at, 0.0),
-               ready_wait_s=time.perf_counter() - start)
-
-    def close(self) -> None:
-        """The worker exits at end of file. Never a signal by pid: the zygote's forks are
-        reaped as they exit, so a dead worker's pid may be another process's by now."""
-        self.stream.close()
-        self.channel.close()
-
-
-class _NotStarted(Exception):
-    pass
-
-
 # idle workers, how many are running and the zygote that forks them (guarded by _LOCK);
 # why workers cannot start here
-_IDLE: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
+_IDLE: "queue.SimpleQueue[Worker]" = queue.SimpleQueue()
 _running = 0
 _zygote: Zygote | None = None
 _stopped_unused = False  # a zygote started ahead was stopped unused (``start_zygote``)
@@ -227,7 +183,7 @@ def start_ahead(request: Any) -> None:
     with _LOCK:
         try:
             while _running < config.compile_workers:
-                started.append(_Worker(_zygote_for(request.knobs["arch"])))
+                started.append(Worker(_zygote_for(request.knobs["arch"])))
                 _running += 1
         except OSError as err:
             log.debug("starting compile workers ahead: %s", err)
@@ -247,30 +203,64 @@ def _prefetching() -> None:
 
 
 def _build_in_a_worker(request: Any, build: Build) -> str | None:
-    try:
-        worker = _acquire(request.knobs["arch"])
-    except OSError as err:  # not even spawned
-        _give_up(f"{type(err).__name__}: {err}")
-        return None
-    try:
-        reply = worker.build(build)
-    except _NotStarted as err:
-        _retire(worker)
-        _give_up(str(err))
-        return None
-    except (EOFError, OSError, pickle.UnpicklingError) as err:
-        _retire(worker)
-        raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
-                                 params=format_params(request.params),
-                                 cause=f"{type(err).__name__}: {err}") from err
-    _IDLE.put(worker)
-    if isinstance(reply, Failed):
-        log.warning("a compile worker failed on %s (%s); compiling it in this process",
-                    request.kernel_name, reply.text)
-        return None
-    if isinstance(reply, CuteDSLInductorError):
-        raise reply
+    """The build in a worker; one that dies or stops answering in it is retired (killed)
+    and the build goes to another, once (see the module docstring)."""
+    retried = False
+    while True:
+        try:
+            worker = _acquire(request.knobs["arch"])
+        except OSError as err:  # not even spawned
+            _give_up(f"{type(err).__name__}: {err}")
+            return None
+        try:
+            reply = _run(worker, build)
+        except NotStarted as err:
+            _retire(worker)
+            _give_up(str(err))
+            return None
+        except (EOFError, OSError, pickle.UnpicklingError) as err:
+            _retire(worker)
+            why = _what_happened(worker, err)
+            if retried:
+                raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
+                                         params=format_params(request.params),
+                                         cause=f"in a second worker too, the worker {why}"
+                                         ) from err
+            log.warning("a compile worker %s building %s; it was stopped, and the kernel "
+                        "goes to another worker", why, request.kernel_name)
+            retried = True
+            continue
+        _IDLE.put(worker)
+        if isinstance(reply, Failed):
+            log.warning("a compile worker failed on %s (%s); compiling it in this process",
+                        request.kernel_name, reply.text)
+            return None
+        if isinstance(reply, CuteDSLInductorError):
+            raise reply
+        return reply
+
+
+def _run(worker: Worker, build: Build) -> Any:
+    """``build`` in ``worker`` (waited for until ready first), counted in ``stats``."""
+    timeout_s = config.compile_worker_timeout_s
+    if worker.pid is None:
+        start = time.perf_counter()
+        ready_at = worker.wait_until_ready(timeout_s)
+        _count(started=1, startup_s=max(ready_at - worker.spawned_at, 0.0),
+               ready_wait_s=time.perf_counter() - start)
+    start = time.perf_counter()
+    reply = worker.build(build, timeout_s)
+    _count(builds=1, build_s=time.perf_counter() - start)
     return reply
+
+
+def _what_happened(worker: Worker, err: BaseException) -> str:
+    who = f"(pid {worker.pid})"
+    if isinstance(err, TimeoutError):
+        return f"{who} did not answer within {config.compile_worker_timeout_s} s"
+    if isinstance(err, (EOFError, BrokenPipeError, ConnectionResetError)):
+        return f"{who} died ({type(err).__name__})"
+    return f"{who} failed ({type(err).__name__}: {err})"
 
 
 def _build_for(request: Any) -> Build:
@@ -283,10 +273,14 @@ def _build_for(request: Any) -> Build:
 
 
 def _give_up(reason: str) -> None:
-    """Workers cannot start here: from now on this process compiles (said once)."""
-    global _cannot_start
+    """Workers cannot start here: from now on this process compiles (said once). The
+    zygote is killed (it may be the one stopped)."""
+    global _cannot_start, _zygote
     with _LOCK:
         first, _cannot_start = _cannot_start is None, reason
+        if _zygote is not None:
+            _zygote.kill()
+            _zygote = None
     if first:
         log.warning("compile workers cannot start (%s); CuteDSL kernels compile in this "
                     "process", reason)
@@ -379,12 +373,12 @@ def _key_to_build(request: Any, background: bool) -> str | None:
     return key if usable else None
 
 
-def _acquire(arch: str) -> _Worker:
+def _acquire(arch: str) -> Worker:
     global _running
     while True:
         with _LOCK:
             if _IDLE.empty() and _running < config.compile_workers:
-                worker = _Worker(_zygote_for(arch))  # OSError: none started
+                worker = Worker(_zygote_for(arch))  # OSError: none started
                 _running += 1
                 return worker
         start = time.perf_counter()
@@ -397,8 +391,9 @@ def _acquire(arch: str) -> _Worker:
             _running -= 1
 
 
-def _retire(worker: _Worker) -> None:
+def _retire(worker: Worker) -> None:
+    """Kill a worker that failed (it may be stopped or wedged) and count it gone."""
     global _running
-    worker.close()
+    worker.kill()
     with _LOCK:
         _running -= 1

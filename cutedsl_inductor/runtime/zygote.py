@@ -1,5 +1,6 @@
-"""The compile workers' processes: the zygote that forks them, its handle in the parent
-(``Zygote``), and what a fork runs; ``workers.py`` hands them builds.
+"""The compile workers' processes: the zygote that forks them, the parent's handles of it
+(``Zygote``) and of each fork (``Worker``), and what a fork runs; ``workers.py`` hands
+them builds.
 
 A worker needs torch, this package's compile path and CuTe DSL imported: seconds of
 CPU, and many seconds each where several interpreters import them at once beside
@@ -32,18 +33,31 @@ Failure semantics: the zygote closes its copy of each worker's socket, so a fork
 dies is end of file to the parent, and so is every socket still queued when the zygote
 dies or could not start (the parent then turns the workers off). The zygote exits at end
 of file on its control socket (the parent closed it or died); a fork exits at end of
-file on its own. Both run in a session of their own, so that a Ctrl-C at the terminal
-interrupts the parent alone, whose exit then ends them.
+file on its own, and quietly where the parent went away before it could say it was
+ready or reply (a broken pipe: nothing is owed to anyone). Both run in a session of
+their own, so that a Ctrl-C at the terminal interrupts the parent alone, whose exit then
+ends them. The parent reaps its zygote whenever it exits (a thread waits on it), so a
+dead zygote leaves no zombie behind.
+
+A worker that stops answering (a wedged compiler, a stopped process) is the parent's to
+end: every wait on its socket is bounded (``config.compile_worker_timeout_s``:
+``TimeoutError``), and ``Worker.kill`` sends it SIGKILL through a pidfd. The pidfd is
+opened when the worker says it is ready, and taken as its own only if the worker's
+socket is still open afterwards: from its ready message on, a worker only waits on that
+socket, so while it is open the pid cannot have passed to another process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -79,6 +93,8 @@ class Zygote:
                 start_new_session=True)  # a Ctrl-C at the terminal is the parent's to handle
         finally:
             theirs.close()
+        threading.Thread(target=self.process.wait, name="cutedsl-zygote-reaper",
+                         daemon=True).start()
 
     def fork(self) -> socket.socket:
         """A new worker's socket; it says it is ready once the zygote has forked it.
@@ -103,6 +119,81 @@ class Zygote:
         self.control.close()
 
 
+class NotStarted(Exception):
+    """A worker that died before it said it was ready, or said something else: it could
+    not start (its environment, not a kernel)."""
+
+
+class Worker:
+    """A fork of the zygote, as the parent holds it; each wait on its socket is bounded
+    by the ``timeout_s`` of the call."""
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.arch = zygote.arch
+        self.pid: int | None = None  # said when it is ready
+        self.spawned_at = time.time()  # wall clock: the worker's ready time is another process's
+        self.channel = zygote.fork()
+        self.stream = self.channel.makefile("rwb")
+        self._pidfd: int | None = None
+
+    def wait_until_ready(self, timeout_s: float) -> float:
+        """When it said it was ready (its wall clock). NotStarted if it could not start,
+        or said nothing within ``timeout_s``."""
+        self.channel.settimeout(timeout_s)
+        try:
+            said = pickle.load(self.stream)
+        except TimeoutError as err:
+            raise NotStarted(f"it was not ready after {timeout_s:g} s") from err
+        except EOFError as err:
+            raise NotStarted("it, or the zygote that forks it, exited") from err
+        except pickle.UnpicklingError as err:
+            raise NotStarted(f"its first words were not a pickle: {err}") from err
+        if not (isinstance(said, tuple) and len(said) == 3 and said[0] == READY):
+            raise NotStarted(f"it said {said!r} instead of ({READY!r}, its pid, its ready time)")
+        self.pid = said[1]
+        self._pidfd = self._open_pidfd(said[1])
+        return said[2]
+
+    def _open_pidfd(self, pid: int) -> int | None:
+        """A pidfd of the worker, or None where it is gone already (see the module
+        docstring: the pid is its own while its socket is open)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        if select.select([self.channel], [], [], 0)[0]:  # it says nothing unasked: an end
+            os.close(pidfd)
+            return None
+        return pidfd
+
+    def build(self, request: "Build", timeout_s: float) -> Any:
+        """The worker's reply (see ``_build``). EOFError or OSError where it died,
+        TimeoutError where it did not answer within ``timeout_s``."""
+        self.channel.settimeout(timeout_s)
+        pickle.dump(request, self.stream)
+        self.stream.flush()
+        return pickle.load(self.stream)
+
+    def close(self) -> None:
+        """The worker exits at end of file. What a cut-short request left unsent is
+        dropped, not waited for."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        with contextlib.suppress(OSError):  # gone already
+            self.channel.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):  # what is left to flush has nowhere to go
+            self.stream.close()
+        self.channel.close()
+
+    def kill(self) -> None:
+        """End it now (it stopped answering), then close it; the zygote reaps it."""
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):  # it died already
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        self.close()
+
+
 class Build(NamedTuple):
     """What a worker is asked to build: a kernel's ``load_kernel`` arguments, the knobs
     that locate its binary (the cache folder resolved: the worker does not ask
@@ -118,9 +209,14 @@ class Build(NamedTuple):
     path: str
 
     def load(self) -> Any:
+        """Build it into the disk cache the knobs name. What a worker built before is
+        forgotten first: its product is the entry on disk, and a kernel it kept in memory
+        would be answered from there though that cache (another, since) lacks it."""
         from .. import config
+        from ..compile import compiler
         from .loader import load_kernel
 
+        compiler._COMPILED.clear()
         with config.patch(**self.knobs):
             return load_kernel(self.kernel_name, self.source, self.specs,
                                template=self.template, params=self.params, path=self.path)
@@ -174,6 +270,8 @@ def _serve(channel: socket.socket) -> int:
                 return 0
             pickle.dump(_build(request), stream)
             stream.flush()
+    except (BrokenPipeError, ConnectionResetError):  # the parent went away: none to tell
+        return 0
     except BaseException:  # noqa: BLE001 - said on stderr; the parent sees end of file
         traceback.print_exc()
         return 1

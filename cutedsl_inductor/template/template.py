@@ -9,6 +9,10 @@ caller compiles in ``precompile`` (Inductor runs it in a thread pool), benchmark
 renders it again for the final graph, which yields the same source, so the final kernel
 reuses the binary compiled while autotuning.
 
+Names: an ASCII Python identifier, or ``TemplateNameError`` at construction (a name goes
+into its kernels' names, which are Python code and then compiled symbols). The source is
+trusted code: Jinja is not sandboxed, and the module it renders runs here.
+
 Registry: template names are global; registering a name again with the same source
 returns quietly, with another source raises ``TemplateRegistryError``.
 
@@ -37,6 +41,7 @@ from ..exc import (
     ChoiceError,
     CuteDSLInductorError,
     GeneratedCodeError,
+    TemplateNameError,
     TemplateRegistryError,
     TemplateRenderError,
     format_params,
@@ -60,6 +65,8 @@ class CuteDSLTemplate:
         """``symbolic_shapes=True`` compiles every size and stride as a runtime value
         (one binary for all shapes of a divisibility class); by default only the sizes
         Inductor keeps dynamic are runtime values."""
+        if not (isinstance(name, str) and name.isascii() and name.isidentifier()):
+            raise TemplateNameError(name=name)
         existing = self.all_templates.get(name)
         if existing is not None and existing.source != source:
             raise TemplateRegistryError(name=name)

@@ -24,3 +24,15 @@ def test_options_cutedsl_sets_itself_are_refused(graph, monkeypatch, options):
     with pytest.raises(ConfigError, match="--gpu-arch.*CUTEDSL_INDUCTOR_ARCH"):
         add_choice(graph).load()
     assert compiler.stats["compiled"] == 0
+
+
+def test_a_dump_dir_that_does_not_exist_is_refused_and_one_that_does_gets_the_cubin(
+        graph, monkeypatch, tmp_path):
+    """CuTe DSL dumps nothing into a folder that does not exist, and says nothing."""
+    monkeypatch.setattr(config, "compile_options", f"--keep-cubin --dump-dir={tmp_path / 'no'}")
+    with pytest.raises(ConfigError, match="a --dump-dir that is a folder"):
+        add_choice(graph).load()
+    assert compiler.stats["compiled"] == 0
+    monkeypatch.setattr(config, "compile_options", f"--keep-cubin --dump-dir={tmp_path}")
+    add_choice(graph).load()
+    assert list(tmp_path.glob("*.cubin"))

@@ -116,10 +116,19 @@ def test_an_oversized_value_is_refused_unread(graph, remote_redis, tmp_path, mon
     monkeypatch.setattr(remote_cache, "MAX_ENTRY_BYTES", 1 << 20)
     name, _ = published(graph, monkeypatch, tmp_path)
     remote_redis.client.set(name, portable.MAGIC + b"x" * (2 << 20))
+    sent = sent_bytes(remote_redis)
     assert load_on(graph, monkeypatch, tmp_path / "b").origin == "compiled"
     (warning,) = remote_warnings(caplog)
     assert f"refused: {len(portable.MAGIC) + (2 << 20)} bytes, over the bound of " \
            f"{1 << 20}" in warning
+    # what the server sent meanwhile: replies and the republished entry's acknowledgment,
+    # not the megabyte under the bound that a bounded read of the value would send
+    assert sent_bytes(remote_redis) - sent < 64 << 10
+
+
+def sent_bytes(server):
+    """The bytes the server has sent to its clients so far (its own count)."""
+    return server.client.info("stats")["total_net_output_bytes"]
 
 
 def test_a_key_of_another_type_is_an_error_of_the_server(graph, remote_redis, tmp_path,

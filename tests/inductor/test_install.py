@@ -8,6 +8,7 @@ import torch
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.install import _start_workers_ahead, install_workers_ahead
 from cutedsl_inductor.runtime import workers
+from cutedsl_inductor.runtime.zygote import Worker
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_a_zygote_that_forked_workers_outlives_the_compile(compile_with_workers)
     assert torch._dynamo.callback_handler.start_callbacks.count(_start_workers_ahead) == 1
     workers.start_zygote()
     with workers._LOCK:
-        worker = workers._Worker(workers._zygote)
+        worker = Worker(workers._zygote)
         workers._running += 1
     workers._IDLE.put(worker)
     zygote = workers._zygote

@@ -10,10 +10,10 @@ import pytest
 
 from cutedsl_inductor import CuteDSLTemplate, config
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.exc import KernelCompileError
+from cutedsl_inductor.exc import CompileWorkerError, KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
 from cutedsl_inductor.runtime import workers
-from tests.helpers import make_input, make_layout
+from tests.helpers import make_input, make_layout, process_state, wait_until, zombie_children
 from tests.runtime.test_loader import BROKEN_SOURCE
 
 
@@ -55,6 +55,20 @@ def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_w
     workers.shutdown()
     assert [workers.build_in_worker(c.bmreq) for c in add_choices(graph, (64, 128))] == [
         "remote", "remote"]
+
+
+def test_a_worker_builds_into_the_cache_asked_for_not_from_its_memory(graph, two_workers,
+                                                                    tmp_path, monkeypatch):
+    """The same kernel asked for in another cache folder (this process forgot it): the
+    worker that built it before stores it there too, so nothing compiles here."""
+    monkeypatch.setattr(config, "compile_workers", 1)  # the same worker, both times
+    (choice,) = add_choices(graph, (64,))
+    assert workers.build_in_worker(choice.bmreq) == "compiled"
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another cache"))
+    compiler._COMPILED.clear()
+    (again,) = add_choices(graph, (64,))
+    assert workers.build_in_worker(again.bmreq) == "compiled"
+    assert again.load().origin == "disk" and compiler.stats["compiled"] == 0
 
 
 def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
@@ -99,9 +113,7 @@ os._exit(3)  # the process that imports this module dies
 '''
 
 
-def test_a_worker_that_dies_drops_the_choice_and_is_replaced(graph, two_workers):
-    from cutedsl_inductor.exc import CompileWorkerError
-
+def test_a_kernel_that_kills_every_worker_is_dropped_and_they_are_replaced(graph, two_workers):
     inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
     dying = CuteDSLTemplate("dies_in_worker", DYING_SOURCE).generate(
         input_nodes=inputs, layout=make_layout((64, 128)), TILE=8)
@@ -111,6 +123,64 @@ def test_a_worker_that_dies_drops_the_choice_and_is_replaced(graph, two_workers)
     (healthy,) = add_choices(graph, (64,))
     healthy.precompile()
     assert healthy.failure is None and compiler.stats["disk_hits"] == 1
+
+
+# the first worker that builds it (or every one, without a marker) stops itself, as a
+# wedged compiler would stop answering; it writes its pid to the pids file first
+STOPPING_PREFIX = """
+import os, signal
+if os.environ.get("CUDA_VISIBLE_DEVICES") == "" and not os.path.exists({marker!r}):
+    with open({pids!r}, "a") as pids:
+        pids.write(f"{{os.getpid()}}\\n")
+    if {once!r}:
+        open({marker!r}, "w").close()
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def stopping_choice(graph, tmp_path, name, once):
+    from cutedsl_inductor.kernels.elementwise import ADD_SOURCE
+
+    prefix = STOPPING_PREFIX.format(marker=str(tmp_path / "stopped once"),
+                                    pids=str(tmp_path / "pids"), once=once)
+    inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
+    return CuteDSLTemplate(name, prefix + ADD_SOURCE).generate(
+        input_nodes=inputs, layout=make_layout((64, 128)), THREADS=128, VECTOR=4)
+
+
+def stopped_pids(tmp_path):
+    return [int(line) for line in (tmp_path / "pids").read_text().split()]
+
+
+@pytest.fixture
+def short_timeout(graph, two_workers, monkeypatch):
+    """Two workers ready (their zygote's imports took the default time), then a 3 s bound."""
+    (warm,) = add_choices(graph, (32,))
+    warm.precompile()
+    assert warm.failure is None
+    monkeypatch.setattr(config, "compile_worker_timeout_s", 3)
+
+
+def test_a_worker_that_stops_answering_is_killed_and_its_kernel_built_in_another(
+        graph, short_timeout, tmp_path, caplog):
+    choice = stopping_choice(graph, tmp_path, "stops_in_a_worker_once", once=True)
+    start = time.monotonic()
+    choice.precompile()
+    assert choice.failure is None and time.monotonic() - start < 60
+    assert compiler.stats["compiled"] == 0  # built in the other worker, loaded from disk
+    (stopped,) = stopped_pids(tmp_path)
+    assert caplog.text.count(f"(pid {stopped}) did not answer within 3 s") == 1
+    wait_until(lambda: process_state(stopped) is None, 10, "the stopped worker is still there")
+
+
+def test_a_kernel_that_stops_every_worker_is_dropped(graph, short_timeout, tmp_path):
+    choice = stopping_choice(graph, tmp_path, "stops_every_worker", once=False)
+    choice.precompile()
+    assert isinstance(choice.failure, CompileWorkerError)
+    assert "in a second worker too" in str(choice.failure) and "3 s" in str(choice.failure)
+    assert compiler.stats["compiled"] == 0  # not tried here, where it would hang this process
+    for pid in stopped_pids(tmp_path):
+        wait_until(lambda: process_state(pid) is None, 10, "a stopped worker is still there")
 
 
 def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process(
@@ -146,6 +216,7 @@ def test_workers_that_cannot_start_leave_every_compile_to_this_process(
     assert first.failure is None and second.failure is None
     assert compiler.stats["compiled"] == 2  # here
     assert caplog.text.count("compile workers cannot start") == 1
+    wait_until(lambda: not zombie_children(), 10, "a dead zygote was not reaped")
 
 
 def wait_until_built(choices, seconds=180):

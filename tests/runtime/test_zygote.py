@@ -3,6 +3,7 @@ real forks of it."""
 
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from cutedsl_inductor import config
 from cutedsl_inductor.kernels.gemm.template import gemm_choices
 from cutedsl_inductor.runtime import workers
 from cutedsl_inductor.runtime.zygote import READY, WORKER_ENV, ZYGOTE_SOURCE, Zygote
-from tests.helpers import make_input, make_layout
+from tests.helpers import make_input, make_layout, process_state, wait_until
 
 
 def test_the_zygote_forks_ready_workers_and_holds_no_thread_but_the_drivers():
@@ -61,6 +62,39 @@ def test_a_zygote_killed_mid_import_forks_nothing_and_its_queued_worker_sees_the
     assert zygote.process.returncode is not None
     assert channel.makefile("rb").read() == b""  # end of file, never a ready message
     channel.close()
+
+
+def test_a_zygote_that_dies_is_reaped():
+    """Killed from outside, or an interpreter that exits at once: no zombie is left."""
+    killed = Zygote("sm_90a")
+    os.kill(killed.process.pid, signal.SIGKILL)
+    wait_until(lambda: process_state(killed.process.pid) is None, 10,
+               "the killed zygote was not reaped")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "executable", "/bin/false")
+        exited = Zygote("sm_90a")
+    wait_until(lambda: process_state(exited.process.pid) is None, 10,
+               "the zygote that exited at start was not reaped")
+    killed.close()
+    exited.close()
+
+
+def test_a_worker_whose_parent_went_away_exits_quietly():
+    """Workers started ahead that nothing needed: the parent exits (or closed their
+    sockets) before they said they were ready; each exits without a traceback."""
+    control, theirs = socket.socketpair()
+    for _ in range(2):
+        mine, worker_end = socket.socketpair()
+        socket.send_fds(control, [b"w"], [worker_end.fileno()])
+        worker_end.close()
+        mine.close()  # gone before the zygote forks the worker
+    control.close()  # the zygote exits once it has forked them
+    # stderr is a pipe the forks share: read to its end, it holds what they said too
+    run = subprocess.run([sys.executable, "-c", ZYGOTE_SOURCE, str(theirs.fileno())],
+                         pass_fds=[theirs.fileno()], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    theirs.close()
+    assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]
 
 
 # what a fork runs, in a fresh interpreter with the zygote's environment: its imports, a

@@ -9,6 +9,7 @@ import pytest
 from cutedsl_inductor import CuteDSLTemplate
 from cutedsl_inductor.exc import (
     GeneratedCodeError,
+    TemplateNameError,
     TemplateRegistryError,
     TemplateRenderError,
 )
@@ -55,6 +56,22 @@ def test_a_parameter_name_is_never_code(graph, tmp_path):
                                        **{name: 1})
     assert isinstance(err, TemplateRenderError) and choices == []
     assert "is not a Python identifier" in str(err) and not marker.exists()
+
+
+@pytest.mark.parametrize("name", [
+    "x_main(a, b, c, d): pass\nimport os; os.system('touch {marker}')\ndef y",
+    "élément_add", "my-add", "9lives", ""])
+def test_a_template_name_is_an_ascii_identifier_or_refused_at_construction(graph, tmp_path,
+                                                                           name):
+    """A name goes into the kernels' names: code in it would run when the kernel's module
+    loads, a non-ASCII one fails in NVVM without the cause."""
+    marker = tmp_path / "ran"
+    name = name.format(marker=marker)
+    with pytest.raises(TemplateNameError, match="must be an ASCII Python identifier"):
+        template = CuteDSLTemplate(name, ADD_SOURCE)
+        template.generate(input_nodes=add_inputs(graph), layout=make_layout((64, 128)),
+                          THREADS=64, VECTOR=4).load()
+    assert name not in CuteDSLTemplate.all_templates and not marker.exists()
 
 
 def test_invalid_python_names_the_generated_file(graph, caplog):
