@@ -21,6 +21,8 @@ module's ``@cute.jit`` functions rebound, and with ``config.upstream_fast_path``
 through TVM-FFI). Invariant: loading the same
 (source, specs) twice in a process returns wrappers around the same compiled function. Failure semantics: a missing entry
 point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
+``load_exported`` is the same kernel as Inductor's C++ wrapper launches it
+(``compile/exported.py``), or ``NotExportableError``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ Failure semantics: ``maybe_append_choice`` returns None or the error. No choice 
 with the reason, for inputs a kernel cannot run on (not on a CUDA device, or a GPU whose
 arch the configured ``config.arch`` does not match) or under Inductor's C++ wrapper
 (cpp_wrapper, AOTInductor) unless ``config.aot`` is on (then a choice whose kernel does
-not export fails at autotuning, ``caller.py``). Rendering errors (bad Jinja, bad parameter names or types, invalid Python) are logged at
-warning level with the template, the parameters and the generated file, and returned.
+not export fails at autotuning, ``caller.py``). Rendering errors (bad Jinja, bad
+parameter names or types, invalid Python) are logged at warning level with the template,
+the parameters and the generated file, and returned.
 A choice that fails to compile or run while autotuning is logged the same way and
 benchmarks as ``inf``, so Inductor picks another choice.
 """
