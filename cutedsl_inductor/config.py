@@ -271,6 +271,11 @@ sdpa: bool = _knob(
     "autotuned over every eligible ATen backend (flash, cuDNN, efficient) and our "
     "FlexAttention kernels (`inductor/sdpa_pass.py`; off until timed on the GPU)",
     changes_code=True)
+aot: bool = _knob(
+    "aot", "CUTEDSL_INDUCTOR_AOT", False, Boolean(),
+    "under Inductor's C++ wrapper (cpp_wrapper, AOTInductor) our choices are offered and the "
+    "C++ code launches the winners' exported libraries, shipped in the package "
+    "(docs/aot.md; off until verified on the GPU)", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

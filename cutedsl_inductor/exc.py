@@ -99,6 +99,16 @@ class KernelArgumentError(CuteDSLInductorError):
     )
 
 
+class NotExportableError(CuteDSLInductorError):
+    """A kernel Inductor's C++ wrapper cannot launch (``compile/exported.py``): the choice
+    is refused at autotuning, a fusion is not made."""
+
+    message = (
+        "CuteDSL kernel {kernel!r} (template {template!r}) cannot be launched by Inductor's "
+        "C++ wrapper (cpp_wrapper, AOTInductor): {reason}"
+    )
+
+
 class CacheEntryError(CuteDSLInductorError):
     """An on-disk cache entry is unusable (damaged, forged or foreign); it is rebuilt."""
 

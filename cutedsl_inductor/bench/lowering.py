@@ -69,10 +69,11 @@ def virtual_sm90() -> Iterator[None]:
 @contextlib.contextmanager
 def lowered(fn: Callable[..., Any], *shapes: tuple[int, ...],
             dtype: torch.dtype | Sequence[torch.dtype] = torch.bfloat16,
-            cpp_wrapper: bool = False, post_grad: bool = False) -> Iterator[GraphLowering]:
+            cpp_wrapper: bool = False, post_grad: bool = False,
+            aot_mode: bool = False) -> Iterator[GraphLowering]:
     """Trace ``fn`` on fake CUDA tensors of ``shapes`` (of ``dtype``, or of one dtype
-    each) and lower it with Inductor (its C++ wrapper with ``cpp_wrapper``, after its
-    post-grad passes with ``post_grad``); yields the GraphLowering, installed as V.graph
+    each) and lower it with Inductor (its C++ wrapper with ``cpp_wrapper``, AOTInductor's
+    with ``aot_mode``, after its post-grad passes with ``post_grad``); yields the GraphLowering, installed as V.graph
     (build a Scheduler from its operations, or ``codegen()`` it)."""
     dtypes = [dtype] * len(shapes) if isinstance(dtype, torch.dtype) else list(dtype)
     mode = FakeTensorMode()
@@ -82,7 +83,8 @@ def lowered(fn: Callable[..., Any], *shapes: tuple[int, ...],
     if post_grad:
         with V.set_fake_mode(mode):
             post_grad_passes(gm, is_inference=True)
-    graph = GraphLowering(gm, example_inputs=args, cpp_wrapper=cpp_wrapper)
+    graph = GraphLowering(gm, example_inputs=args, cpp_wrapper=cpp_wrapper or aot_mode,
+                          aot_mode=aot_mode)
     with V.set_graph_handler(graph), V.set_debug_handler(DebugContext()), \
             V.set_fake_mode(mode):
         graph.run(*args)

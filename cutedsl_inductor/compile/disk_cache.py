@@ -260,6 +260,16 @@ class Entry:
         self.cache._modules[self.key] = module
         return Loaded(function, data, fields)
 
+    def library(self) -> bytes | None:
+        """The entry's shared library, verified as ``load`` verifies it but not loaded;
+        None where the entry, or its library, is missing or does not verify."""
+        if self.folder is None:
+            return None
+        try:
+            return self._check(self.folder.read(f"{self.key}.json"))[2]
+        except (OSError, CacheEntryError):
+            return None
+
     def _check(self, manifest_bytes: bytes) -> tuple[dict[str, Any], bytes, bytes | None]:
         """(the manifest's fields (``manifest_fields``), the object, the library or
         None) if the entry verifies."""

@@ -24,7 +24,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.choices import InductorChoices
 from torch._inductor.virtualized import V
 
-from ..template.template import CPP_WRAPPER_UNSUPPORTED
+from ..template.template import CPP_WRAPPER_UNSUPPORTED, cpp_wrapper_refused
 from .cache_key import package_fingerprint
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class CuteDSLChoices(InductorChoices):
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
         if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
             return choices
-        if V.graph.cpp_wrapper:
+        if cpp_wrapper_refused():
             _warn_once(f"no CuteDSL GEMM choices: {CPP_WRAPPER_UNSUPPORTED}")
             return choices
         try:  # lazily: the kernel's modules import cutlass, which may be missing or broken

@@ -10,7 +10,9 @@ The output code gets one definition per kernel::
                                             specs=[TensorSpec(...), ...], ...)
 
 and a call ``cutedsl_<template>_<hash>.run(<args>, stream=streamN)``. The source is
-also written to a real ``.py`` file, whose path the definition's comment names.
+also written to a real ``.py`` file, whose path the definition's comment names. Under
+Inductor's C++ wrapper (``config.aot``) the definition and the call are C++
+(``cpp_launch.py``), and a fusion is made only where the fused kernel exports.
 
 Fusion: with ``config.epilogue_fusion`` on, a pointwise consumer fuses into a template
 that defines an epilogue (``template/epilogue.py``; max-autotune's deferred choices that
@@ -39,8 +41,9 @@ from torch._inductor.virtualized import V
 from torch.utils._ordered_set import OrderedSet
 
 from .. import config
+from . import cpp_launch
 from ..compile.specs import ArgSpec, Workspace, specs_for_nodes
-from ..runtime.loader import load_kernel, write_source
+from ..runtime.loader import load_exported, load_kernel, write_source
 from ..template.buffer import CuteDSLTemplateBuffer
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
@@ -138,9 +141,10 @@ class CuteDSLScheduling(BaseScheduling):
         kernel_name, source, specs = render_kernel(buffer, plan, prologue)[1:]
         if source in self._failed_sources:
             return False
+        load = load_exported if V.graph.cpp_wrapper else load_kernel
         try:
-            load_kernel(kernel_name, source, specs, template=buffer.template.name,
-                        params=buffer.params)
+            load(kernel_name, source, specs, template=buffer.template.name,
+                 params=buffer.params)
         except Exception as err:  # the nodes stay unfused, never a crash
             self._failed_sources.add(source)
             log.warning("not fusing %s into %s: %s",
@@ -177,17 +181,23 @@ class CuteDSLScheduling(BaseScheduling):
         nodes = kernel.arg_nodes()
         wrapper = V.graph.wrapper_code
         scratch = workspace_arg(kernel.workspace, buffer.get_device())
+        schedule = [*prologue_nodes, template_node, *epilogue_nodes]
         with V.set_kernel_handler(kernel):
-            kernel_name = self.define_kernel(kernel_name, source, specs, buffer,
-                                             [*prologue_nodes, template_node, *epilogue_nodes])
+            if V.graph.cpp_wrapper:
+                kernel_name = cpp_launch.define_kernel(kernel_name, source, specs,
+                                                       buffer.template.name, buffer.params,
+                                                       schedule)
+            else:
+                kernel_name = self.define_kernel(kernel_name, source, specs, buffer, schedule)
             if scratch is not None:
                 wrapper.generate_workspace_allocation(scratch)
-            wrapper.generate_kernel_call(
-                kernel_name,
-                kernel.call_references(scratch.get_name() if scratch is not None else None),
-                triton=True,
-                arg_types=[_arg_type(n) for n in nodes],
-            )
+            references = kernel.call_references(None if scratch is None else scratch.get_name())
+            if V.graph.cpp_wrapper:
+                cpp_launch.generate_call(kernel_name, nodes, references, specs,
+                                         buffer.get_device())
+            else:
+                wrapper.generate_kernel_call(kernel_name, references, triton=True,
+                                             arg_types=[_arg_type(n) for n in nodes])
             if scratch is not None:
                 wrapper.generate_workspace_deallocation(scratch)
         self.free_buffers_in_scheduler()

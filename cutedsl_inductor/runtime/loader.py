@@ -21,6 +21,8 @@ module's ``@cute.jit`` functions rebound, and with ``config.upstream_fast_path``
 through TVM-FFI). Invariant: loading the same
 (source, specs) twice in a process returns wrappers around the same compiled function. Failure semantics: a missing entry
 point is ``GeneratedCodeError``; compile errors are ``KernelCompileError``.
+``load_exported`` is the same kernel as Inductor's C++ wrapper launches it
+(``compile/exported.py``), or ``NotExportableError``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from ..compile.compiler import (
     is_cute_jit,
     target_arch,
 )
+from ..compile.exported import ExportedKernel, exported_kernel
 from ..compile.specs import ArgSpec, ScalarSpec
-from ..exc import GeneratedCodeError, format_params
+from ..exc import GeneratedCodeError, NotExportableError, format_params
 from .wrapper import CuteDSLKernelWrapper, InductorEntryWrapper, TVMFFIKernelWrapper
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,21 @@ def load_kernel(
     finally:
         stats["calls"] += 1
         stats["seconds"] += time.perf_counter() - start
+
+
+def load_exported(kernel_name: str, source: str, specs: list[ArgSpec], *,
+                  template: str | None = None,
+                  params: dict[str, Any] | None = None) -> ExportedKernel:
+    """The kernel as Inductor's C++ wrapper launches it (``compile/exported.py``), loaded
+    or built first; ``NotExportableError`` where it cannot be."""
+    wrapper = load_kernel(kernel_name, source, specs, template=template, params=params)
+    if not isinstance(wrapper, TVMFFIKernelWrapper):
+        raise NotExportableError(
+            kernel=kernel_name, template=template,
+            reason="its entry is a plain Python function (an upstream-style module, launched "
+                   "through CuTe's JitExecutor); only @cute.jit entries export")
+    return exported_kernel(kernel_key(kernel_name, source, specs), specs, kernel=kernel_name,
+                           template=template)
 
 
 def describe_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,

@@ -11,7 +11,8 @@ and the hash of the rendered source and argument specs, identical in every proce
 
 Failure semantics: a choice that fails to load, compile or run is logged at warning
 level (template, parameters, generated file, reason), remembered as failed, and
-benchmarks as ``inf``; Inductor then picks another choice.
+benchmarks as ``inf``; Inductor then picks another choice. So is one made for Inductor's
+C++ wrapper whose kernel does not export (``compile/exported.py``), with the reason.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch._inductor import ir
 from torch._inductor.autotune_process import TensorMeta
+from torch._inductor.virtualized import V
 
 from ..autotune.benchmark_request import (
     CuteDSLBenchmarkRequest,
@@ -35,7 +37,7 @@ from ..autotune.benchmark_request import (
 from ..compile import versions
 from ..compile.specs import ArgSpec, Workspace, specs_key
 from ..exc import format_params
-from ..runtime.loader import load_kernel
+from ..runtime.loader import load_exported, load_kernel
 from ..runtime.workers import build_in_worker, prefetch
 from .buffer import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
@@ -55,8 +57,6 @@ class InputView:
 
     @staticmethod
     def of(node: Any) -> "InputView":
-        from torch._inductor.virtualized import V
-
         hints = V.graph.sizevars.optimization_hints
         layout = node.get_layout()
         return InputView(node.get_name(), tuple(hints(node.get_size())),
@@ -129,16 +129,22 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         )
         self.failure: Exception | None = None
         self._wrapper: Any = None
+        # made for Inductor's C++ wrapper: only a kernel it can launch is a choice
+        self.exported = bool(V.graph.cpp_wrapper)
         prefetch(self.bmreq)
 
     # -- autotuning ----------------------------------------------------------------
 
     def load(self) -> Any:
+        """The kernel's wrapper; for the C++ wrapper, ``NotExportableError`` where the
+        kernel does not export (``runtime.loader.load_exported``)."""
         if self._wrapper is None:
-            self._wrapper = load_kernel(
-                self.name, self.source, self.specs,
-                template=self.template.name, params=self.params,
-            )
+            wrapper = load_kernel(self.name, self.source, self.specs,
+                                  template=self.template.name, params=self.params)
+            if self.exported:
+                load_exported(self.name, self.source, self.specs, template=self.template.name,
+                              params=self.params)
+            self._wrapper = wrapper
         return self._wrapper
 
     def precompile(self) -> None:

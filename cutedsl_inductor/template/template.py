@@ -19,8 +19,10 @@ returns quietly, with another source raises ``TemplateRegistryError``.
 Failure semantics: ``maybe_append_choice`` returns None or the error. No choice is made,
 with the reason, for inputs a kernel cannot run on (not on a CUDA device, or a GPU whose
 arch the configured ``config.arch`` does not match) or under Inductor's C++ wrapper
-(cpp_wrapper, AOTInductor), which cannot launch our kernels. Rendering errors (bad Jinja, bad parameter names or types, invalid Python) are logged at
-warning level with the template, the parameters and the generated file, and returned.
+(cpp_wrapper, AOTInductor) unless ``config.aot`` is on (then a choice whose kernel does
+not export fails at autotuning, ``caller.py``). Rendering errors (bad Jinja, bad
+parameter names or types, invalid Python) are logged at warning level with the template,
+the parameters and the generated file, and returned.
 A choice that fails to compile or run while autotuning is logged the same way and
 benchmarks as ``inf``, so Inductor picks another choice.
 """
@@ -35,6 +37,7 @@ import torch
 from torch._inductor import ir
 from torch._inductor.virtualized import V
 
+from .. import config
 from ..compile.compiler import target_arch
 from ..compile.specs import Workspace, specs_for_nodes
 from ..exc import (
@@ -54,8 +57,9 @@ from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 log = logging.getLogger(__name__)
 
 GENERATE_ARGUMENTS = ("input_nodes", "layout", "mutated_inputs", "subgraphs", "workspace")
-CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) cannot launch "
-                           "CuteDSL kernels; they need the Python wrapper")
+CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) launches CuteDSL "
+                           "kernels only with cutedsl_inductor.config.aot "
+                           "(CUTEDSL_INDUCTOR_AOT=1)")
 
 
 class CuteDSLTemplate:
@@ -125,8 +129,8 @@ class CuteDSLTemplate:
         ``{{modification(i, ...)}}`` hooks render (``template/subgraph.py``), their
         captured tensors among ``input_nodes``; ``workspace`` the scratch buffer its
         ``{{get_workspace()}}`` names."""
-        reason = CPP_WRAPPER_UNSUPPORTED if V.graph.cpp_wrapper else unrunnable(input_nodes,
-                                                                                layout)
+        reason = (CPP_WRAPPER_UNSUPPORTED if cpp_wrapper_refused()
+                  else unrunnable(input_nodes, layout))
         if reason is not None:
             raise ChoiceError(template=self.name, params=format_params(params), cause=reason)
         input_nodes = [_fixed(node) for node in input_nodes]
@@ -157,6 +161,11 @@ class CuteDSLTemplate:
             subgraphs=subgraphs,
             workspace=workspace,
         )
+
+
+def cpp_wrapper_refused() -> bool:
+    """Whether V.graph's wrapper is Inductor's C++ one and ``config.aot`` is off."""
+    return bool(V.graph.cpp_wrapper) and not config.aot
 
 
 def unrunnable(input_nodes: list[Any], layout: ir.Layout) -> str | None:

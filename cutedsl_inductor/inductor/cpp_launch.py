@@ -1,0 +1,106 @@
+"""Our chosen kernels in Inductor's C++ wrapper (cpp_wrapper, AOTInductor; with
+``config.aot``): the code generation side of ``cpp_runtime.py``.
+
+Per wrapper, once: ``CPP_RUNTIME`` and the runtime libraries' table. Per kernel, once: its
+exported library (``compile/exported.py``) staged as a file, and a definition::
+
+    static cutedsl_aot::Kernel cutedsl_<template>_<hash>_cpp{"<file>", "__tvm_ffi_cutedsl_<key>"};
+
+Per call, one statement, so that the temporary handles of reinterpreted views live
+through the launch::
+
+    cutedsl_aot::launch(<kernel>, cutedsl_runtime, <folder>, <stream>,
+                        {cutedsl_aot::tensor(buf0, 4, 16), ..., cutedsl_aot::scalar(s0)});
+
+``<folder>`` is the model's ``cubin_dir_`` under AOTInductor (the package's extracted
+folder, where it has one) and ``std::nullopt`` under cpp_wrapper: files are then found
+by their absolute paths. Under AOTInductor every staged file joins the wrapper's
+``additional_files``, which the packager copies into the model's folder.
+
+Failure semantics: a kernel that does not export here raises ``NotExportableError`` and
+the compile fails; autotuning refuses such choices first (``template/caller.py``) and a
+fusion whose kernel does not export is not made (``scheduling.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+from torch._inductor.utils import get_kernel_metadata
+from torch._inductor.virtualized import V
+
+from ..compile.exported import DLPACK_DTYPES, runtime, staged, staged_runtime
+from ..compile.specs import ArgSpec, ScalarSpec
+from ..runtime.loader import load_exported, write_source
+from .cpp_runtime import CPP_RUNTIME
+
+
+@dataclasses.dataclass
+class _WrapperState:
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> C++ name
+
+
+_STATES: "weakref.WeakKeyDictionary[Any, _WrapperState]" = weakref.WeakKeyDictionary()
+
+
+def _ship(wrapper: Any, path: Any) -> str:
+    if V.graph.aot_mode and str(path) not in wrapper.additional_files:
+        wrapper.additional_files.append(str(path))
+    return str(path)
+
+
+def _state(wrapper: Any) -> _WrapperState:
+    state = _STATES.get(wrapper)
+    if state is None:
+        state = _STATES[wrapper] = _WrapperState()
+        libraries = ", ".join(f'{{"{lib.soname}", "{_ship(wrapper, staged_runtime(lib))}"}}'
+                              for lib in runtime())
+        wrapper.header.splice(CPP_RUNTIME)
+        wrapper.header.writeline(
+            f"static const cutedsl_aot::Library cutedsl_runtime[] = {{{libraries}}};")
+    return state
+
+
+def define_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template: str,
+                  params: dict[str, Any], node_schedule: list[Any]) -> str:
+    """The C++ name of ``kernel_name``'s definition in V.graph's C++ wrapper (written
+    on its first use)."""
+    wrapper = V.graph.wrapper_code
+    exported = load_exported(kernel_name, source, specs, template=template, params=params)
+    state = _state(wrapper)
+    name = state.kernels.get(exported.key)
+    if name is not None:
+        return name
+    name = state.kernels[exported.key] = f"{kernel_name}_cpp"
+    path = _ship(wrapper, staged(exported.file_name, exported.library))
+    origins, _ = get_kernel_metadata(node_schedule, wrapper)
+    wrapper.header.writeline(f"// CuteDSL kernel {kernel_name}: {write_source(source)[1]}")
+    for line in origins.splitlines():
+        wrapper.header.writeline(line.replace("#", "//", 1))
+    wrapper.header.writeline(
+        f'static cutedsl_aot::Kernel {name}{{"{path}", "{exported.symbol}"}};')
+    return name
+
+
+def generate_call(name: str, nodes: list[Any], references: list[str],
+                  specs: list[ArgSpec], device: Any) -> None:
+    """The launch of kernel ``name`` with the entry's arguments (``nodes``, passed as
+    ``references``; ``specs`` their dtypes) on ``device``'s current stream."""
+    from torch._inductor.codegen.cpp_utils import cexpr
+
+    wrapper = V.graph.wrapper_code
+    args = []
+    for node, reference, spec in zip(nodes, references, specs, strict=True):
+        if isinstance(spec, ScalarSpec):
+            args.append(f"cutedsl_aot::scalar({cexpr(V.graph.sizevars.simplify(node))})")
+        else:
+            code, bits = DLPACK_DTYPES[spec.dtype]
+            args.append(f"cutedsl_aot::tensor({reference}, {code}, {bits})")
+    if V.graph.aot_mode:
+        stream, folder = "stream", "this->cubin_dir_"
+    else:
+        stream, folder = wrapper.write_get_raw_stream(device.index, V.graph.name), "std::nullopt"
+    wrapper.writeline(f"cutedsl_aot::launch({name}, cutedsl_runtime, {folder}, {stream}, "
+                      f"{{{', '.join(args)}}});")

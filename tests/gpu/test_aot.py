@@ -1,0 +1,110 @@
+"""Our kernels deployed without Python's wrapper (marker ``gpu``; ``config.aot``): a
+transformers Llama of two Llama-3-8B-shaped layers exported (a dynamic sequence length),
+packaged by AOTInductor under max-autotune with CUTEDSL, and loaded in a fresh process
+where neither CuTe DSL, TVM-FFI's Python package nor ours imports; and the same model
+under torch.compile with ``cpp_wrapper``. Logits match an fp32 copy of the model within
+twice eager bf16's error (docs/aot.md)."""
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutedsl_inductor import config
+from cutedsl_inductor.bench.model_families import FAMILIES
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = dict(max_autotune=True, max_autotune_gemm_backends="ATEN,CUTEDSL")
+SEQS = (256, 128)  # the exported example's, then another one the package must take
+
+LOAD_WITHOUT_CUTE_DSL = textwrap.dedent("""
+    import sys, time
+    for name in ("cutlass", "cutedsl_inductor", "tvm_ffi", "nvidia_cutlass_dsl"):
+        sys.modules[name] = None  # importing any of them now fails
+    import torch
+    try:
+        import cutlass
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("cutlass imported")
+    package, inputs, outputs = sys.argv[1:4]
+    start = time.perf_counter()
+    model = torch._inductor.aoti_load_package(package)
+    loaded = time.perf_counter() - start
+    ids = torch.load(inputs)
+    with torch.no_grad():
+        torch.save([model(i) for i in ids], outputs)
+    print(f"load_s={loaded:.3f}")
+""")
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    pytest.importorskip("transformers")
+    model = Logits(FAMILIES["llama"].build(2))
+    reference = copy.deepcopy(model).float()
+    torch.manual_seed(0)
+    ids = [torch.randint(0, 128256, (2, seq), device="cuda") for seq in SEQS]
+    with torch.no_grad():
+        want = [reference(i) for i in ids]
+        eager = max(relative_error(model(i), w) for i, w in zip(ids, want))
+    return model, ids, want, eager
+
+
+def test_a_packaged_llama_runs_where_cute_dsl_does_not_import(llama, tmp_path):
+    model, ids, want, eager = llama
+    seq = torch.export.Dim("seq", min=16, max=1024)
+    exported = torch.export.export(model, (ids[0],), dynamic_shapes={"ids": {1: seq}},
+                                   strict=False)
+    with torch._inductor.config.patch(**BACKENDS), config.patch(aot=True):
+        package = torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(tmp_path / "llama.pt2"))
+    names = [Path(n).name for n in zipfile.ZipFile(package).namelist()]
+    ours = [n for n in names if n.startswith("cutedsl_") and n.endswith(".cutedsl")]
+    assert ours, f"no CuteDSL kernel in the package: {names}"
+    assert {"libcute_dsl_runtime.so.cutedsl", "libtvm_ffi.so.cutedsl"} <= set(names)
+    ids_file = tmp_path / "ids_cuda.pt"
+    torch.save(ids, ids_file)
+    run = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_CUTE_DSL, package, str(ids_file),
+                          str(tmp_path / "out.pt")], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    print(json.dumps({"kernels_of_ours": len(ours), "child": run.stdout.strip()}))
+    got = torch.load(tmp_path / "out.pt")
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        assert relative_error(g, w) <= 2 * eager + 1e-3, (relative_error(g, w), eager)
+
+
+def test_cpp_wrapper_under_torch_compile(llama):
+    from torch._inductor.utils import run_and_get_code
+
+    model, ids, want, eager = llama
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(**BACKENDS, cpp_wrapper=True), config.patch(aot=True), \
+            torch.no_grad():
+        compiled = torch.compile(model, dynamic=False)
+        got, code = run_and_get_code(compiled, ids[0])
+    assert any("cutedsl_aot::launch(" in c for c in code), "no CuteDSL kernel was chosen"
+    assert relative_error(got, want[0]) <= 2 * eager + 1e-3, (relative_error(got, want[0]), eager)
