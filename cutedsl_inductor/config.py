@@ -221,6 +221,11 @@ gemm_pdl: bool = _knob(
     "gemm_pdl", "CUTEDSL_INDUCTOR_GEMM_PDL", False, Boolean(),
     "launch the GEMM with programmatic dependent launch, its setup overlapping the previous "
     "kernel's end", changes_code=True)
+fp8: bool = _knob(
+    "fp8", "CUTEDSL_INDUCTOR_FP8", False, Boolean(),
+    "offer our FP8 GEMM (e4m3/e5m2, tensorwise or rowwise scales, fast accumulation) in "
+    "`torch._scaled_mm`'s lowering next to ATen and Triton (`inductor/scaled_mm.py`; off "
+    "until timed on the GPU)", changes_code=True)
 epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "

@@ -91,6 +91,23 @@ def compile_residual_gemm(cfg, dump_dir=None):
                         + (f" --keep-ptx --dump-dir {dump_dir}" if dump_dir else ""))
 
 
+def cuobjdump():
+    """NVIDIA's cuobjdump: on PATH, or from the ``nvidia-cuda-cuobjdump`` wheel (test
+    extras); None where neither is."""
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which("cuobjdump")
+    if found is None:
+        try:
+            import nvidia
+        except ImportError:
+            return None
+        found = next((str(p) for root in nvidia.__path__
+                      for p in Path(root).glob("cu*/bin/cuobjdump")), None)
+    return found
+
+
 def run_unprivileged(args, **kwargs):
     """``subprocess.run(args)`` without root's power over files: as root, in a user
     namespace where this user is uid 1000 without capabilities (root's files look like

@@ -16,7 +16,9 @@ timed in ``--rounds`` interleaved rounds (``timing.interleaved_ms``: ``do_bench`
 medians, L2 flushed, fresh random inputs), the median round counting and the ratios'
 range over the rounds printed and kept in the CSV (``vs_*_min``/``vs_*_max``).
 ``--merge DIR|CSV ...`` prints the table and summary of shards run earlier (their CSVs) and
-writes them as one CSV and plot.
+writes them as one CSV and plot. ``--dtypes fp8`` (``--scales tensorwise,rowwise``) runs
+the FP8 GEMM's rows against ``torch._scaled_mm`` (``gemm_fp8.py``; B as "nt" only, its
+own CSV, no plot or merge).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from .args import (
     parse_shard,
     read_csv_rows,
 )
+from .gemm_fp8 import SCALES, parse_scales
+from .gemm_fp8 import run_suite as run_fp8_suite
 from .gemm_plot import geomean, write_plot
 from .timing import tflops_and_ratios
 
@@ -52,7 +56,7 @@ LLM = [(m, n, k) for m in (16, 64, 128, 256, 1024, 4096, 8192) for n, k in LLM_N
 QUICK = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (128, 8192, 8192),
          (16, 4096, 4096), (1024, 14336, 4096)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-parse_dtypes = one_of(tuple(DTYPES), "dtype")
+parse_dtypes = one_of((*DTYPES, "fp8"), "dtype")
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str) -> tuple[Any, Any]:
@@ -233,7 +237,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small representative subset")
     parser.add_argument("--shapes", type=parse_shapes, metavar="MxNxK,...",
                         help="these shapes instead of the suite")
-    parser.add_argument("--dtypes", type=parse_dtypes, default=list(DTYPES), metavar="bf16,fp16")
+    parser.add_argument("--dtypes", type=parse_dtypes, default=list(DTYPES),
+                        metavar="bf16,fp16,fp8")
+    parser.add_argument("--scales", type=parse_scales, default=list(SCALES),
+                        metavar="tensorwise,rowwise", help="the fp8 rows' scale recipes")
     parser.add_argument("--layouts", type=parse_layouts, default=["nt", "nn"], metavar="nt,nn",
                         help="B as w.T (nt) or row-major (nn)")
     parser.add_argument("--no-triton", action="store_true")
@@ -264,8 +271,13 @@ def main(args: argparse.Namespace) -> int:
     index, count = args.shard
     shapes = (args.shapes or (QUICK if args.quick else SQUARES + LLM))[index - 1::count]
     args.out.mkdir(parents=True, exist_ok=True)
+    dtypes = [dt for dt in args.dtypes if dt in DTYPES]
+    if "fp8" in args.dtypes:
+        run_fp8_suite(shapes, args.scales, not args.no_triton, args.rounds, args.out, setup())
+    if not dtypes:
+        return 0
     with open(args.out / "gemm_bench.csv", "w", newline="") as table:
-        rows = run_suite(shapes, args.dtypes, args.layouts, with_triton=not args.no_triton,
+        rows = run_suite(shapes, dtypes, args.layouts, with_triton=not args.no_triton,
                          table=table, rounds=args.rounds)
     print(summarize(rows))
     write_plot(rows, args.out / "gemm_bench.png")

@@ -1,5 +1,6 @@
 """CuteDSLChoices: offers our built-in GEMM as choices for aten.mm, aten.addmm and
-aten.bmm under max-autotune, next to ATen and Triton.
+aten.bmm under max-autotune, next to ATen and Triton; with ``config.fp8`` our FP8 GEMM
+for ``aten._scaled_mm`` too (``scaled_mm.py``).
 
 Inductor's GEMM lowerings build their choice lists through
 ``V.choices.get_template_configs(kernel_inputs, templates, op_name)`` on every supported
@@ -24,7 +25,9 @@ from torch._inductor import config as inductor_config
 from torch._inductor.choices import InductorChoices
 from torch._inductor.virtualized import V
 
+from .. import config
 from ..template.template import CPP_WRAPPER_UNSUPPORTED, cpp_wrapper_refused
+from . import scaled_mm
 from .cache_key import package_fingerprint
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,8 @@ class CuteDSLChoices(InductorChoices):
     def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
                              *args: Any, **kwargs: Any) -> list[Any]:
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
-        if op_name not in GEMM_OPS or not cutedsl_gemm_enabled():
+        scaled = op_name == scaled_mm.OP_NAME and config.fp8
+        if not (op_name in GEMM_OPS or scaled) or not cutedsl_gemm_enabled():
             return choices
         if cpp_wrapper_refused():
             _warn_once(f"no CuteDSL GEMM choices: {CPP_WRAPPER_UNSUPPORTED}")
@@ -81,6 +85,10 @@ class CuteDSLChoices(InductorChoices):
             return choices
         nodes = kernel_inputs.nodes()
         layout = kernel_inputs.output_layout(flexible=False)
+        if scaled:
+            if _first_offer(op_name, nodes):
+                scaled_mm.offer(choices, nodes, layout)
+            return choices
         if any(len(node.get_size()) != len(layout.size) for node in nodes):
             return choices
         if not _first_offer(op_name, nodes):

@@ -3,7 +3,8 @@
 It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
 scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
 (``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in
-flex_attention's lowering (``flex``, off unless asked for), the clock settling before
+flex_attention's lowering (``flex``, off unless asked for), the wrap of ``_scaled_mm``'s
+lowering that our FP8 choices read its call from (``scaled_mm``), the clock settling before
 autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the
 SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
 starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
@@ -32,6 +33,7 @@ from .choices import cutedsl_gemm_listed, install_choices
 from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_pre_fusion_pass
+from .scaled_mm import install_scaled_mm
 from .scheduling import CuteDSLCombinedScheduling
 from .sdpa import install_sdpa
 from .swiglu import install_swiglu
@@ -42,6 +44,7 @@ def install() -> None:
     install_cache_key()
     install_choices()
     install_flex()
+    install_scaled_mm()
     install_clock_settling()
     install_pre_fusion_pass()
     install_swiglu()

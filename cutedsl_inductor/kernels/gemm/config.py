@@ -6,7 +6,9 @@ with the first rule it breaks (``config_error`` returns that message instead). I
 fields are the kernel's compile-time constants (``Sm90Gemm``'s constructor takes them)
 plus ``swap_ab``, which is the caller's: a swap-AB config computes ``C^T = B A^T``, the
 template passing the kernel (B, A, C^T). The dtype helpers accept torch dtypes, CuTe DSL
-numeric types and the short names "bf16", "fp16", "fp32".
+numeric types and the short names "bf16", "fp16", "fp32", "e4m3", "e5m2" (FP8 operands:
+``FP8_DTYPES``). A config holds no dtype but ``fp8``: its resources are checked for
+16-bit operands (an fp32 A where it transforms A), or with ``fp8`` for one-byte ones.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..sm90 import SMEM_BYTES
 
 __all__ = [
     "GemmConfig", "config_error", "gemm_dtype", "dtype_bytes", "DEFAULT_GROUP_SIZE",
-    "SPLIT_K_CHOICES", "TILE_N_CHOICES",
+    "FP8_DTYPES", "SPLIT_K_CHOICES", "TILE_N_CHOICES",
 ]
 
 # Reserved for mbarriers + alignment padding of the smem carve-out.
@@ -35,13 +37,16 @@ DEFAULT_GROUP_SIZE = 8  # clusters per band of the swizzled raster
 TILE_N_CHOICES = (16, 32, 64, 96, 128, 192, 224, 256)
 TILE_K_CHOICES = (32, 64, 128)
 
-_SHORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_SHORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                 "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _GEMM_DTYPES = tuple(_SHORT_DTYPES.values())
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # operands of the scaled GEMM only
 
 
 def gemm_dtype(dt: Any) -> Optional[torch.dtype]:
-    """``dt`` (torch dtype, CuTe DSL numeric type, "bf16"/"fp16"/"fp32" or a torch dtype's
-    name) as one of the torch dtypes the GEMM knows (bf16, fp16, fp32), else None."""
+    """``dt`` (torch dtype, CuTe DSL numeric type, a short name of ``_SHORT_DTYPES`` or a
+    torch dtype's name) as one of the torch dtypes the GEMM knows (bf16, fp16, fp32 and
+    the FP8 operand types), else None."""
     if isinstance(dt, str):
         dt = _SHORT_DTYPES.get(dt) or getattr(torch, dt.removeprefix("torch."), None)
     if isinstance(dt, torch.dtype):
@@ -98,6 +103,9 @@ class GemmConfig:
         elementwise in registers (the ``prologue_op`` hook: a fused prologue) and
         converted to B's dtype for WGMMAs that read A from registers
         (``transform_a.py``); not with ``swiglu``, ``swap_ab`` or split-K.
+    :param fp8: the operands are FP8 (one byte each, K-major: ``scaled.py``'s
+        ``Sm90ScaledGemm``); the shared-memory check counts one-byte operands. Not with
+        ``swiglu`` or ``transform_a``.
     :param pdl: launched with programmatic dependent launch: the grid may start while the
         previous kernel on the stream ends, its setup (barriers, descriptor prefetch)
         overlapping that kernel's tail; it waits for that kernel (``griddepcontrol.wait``)
@@ -119,6 +127,7 @@ class GemmConfig:
     swiglu: str = ""
     swap_ab: bool = False
     transform_a: bool = False
+    fp8: bool = False
     pdl: bool = False
 
     def __post_init__(self) -> None:
@@ -134,6 +143,8 @@ class GemmConfig:
         _require(not (self.transform_a and (self.swiglu or self.swap_ab or self.split_k > 1)),
                  "transform_a=True needs swiglu='', swap_ab=False and split_k=1 (it "
                  "transforms the activation, which is A there)")
+        _require(not (self.fp8 and (self.swiglu or self.transform_a)),
+                 "fp8=True needs swiglu='' and transform_a=False")
 
     def _check_kernel(self) -> None:
         _require(self.store in ("tma", "direct"), f"store={self.store!r} must be 'tma' or 'direct'")
@@ -173,7 +184,8 @@ class GemmConfig:
         _require(self.stages == 0 or self.stages >= 2,
                  f"stages={self.stages} must be 0 (auto) or >= 2")
         # with the widest supported output (fp32), and an fp32 A where it is transformed
-        if self.ring_stages(4 if self.transform_a else 2, 4, 2) < 2:
+        ab_bytes = 1 if self.fp8 else 2
+        if self.ring_stages(4 if self.transform_a else ab_bytes, 4, ab_bytes) < 2:
             extra = " next to the split-K reduction buffer" if self.split_k > 1 else ""
             _require(False, f"tile does not fit two pipeline stages in shared memory{extra}")
 
@@ -184,8 +196,8 @@ class GemmConfig:
         ``_k4`` for split_k=4, ``_swap`` for swap-AB, whose tile is C^T's, ``_swiglu``
         for the two-weight kernel, ``_g4`` for a raster band of 4 clusters instead of
         ``DEFAULT_GROUP_SIZE``, ``_s12`` for 12 stages, ``_ta`` for a transformed A,
-        ``_pdl`` for programmatic dependent launch, ``_direct`` for the direct store where
-        swap-AB does not imply it)."""
+        ``_fp8`` for FP8 operands, ``_pdl`` for programmatic dependent launch, ``_direct``
+        for the direct store where swap-AB does not imply it)."""
         consumers = "pp" if self.pingpong else ("coop" if self.cooperative else "1wg")
         return "".join([
             f"t{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}",
@@ -196,6 +208,7 @@ class GemmConfig:
             "_swap" if self.swap_ab else "",
             "_swiglu" if self.swiglu else "",
             "_ta" if self.transform_a else "",
+            "_fp8" if self.fp8 else "",
             "_pdl" if self.pdl else "",
             "_direct" if self.store == "direct" and not self.swap_ab else ""])
 

@@ -69,24 +69,32 @@ class EpilogueHooks:
         """
         bias = None
         if cutlass.const_expr(mBias is not None):
-            size = cute.size(coords)
-            bias = cute.make_rmem_tensor((size,), mBias.element_type)
-            column_stride = mBias.layout.stride[1]
-            if cutlass.const_expr(self.store == "tma" and cute.is_static(column_stride)
-                                  and column_stride == 1):
-                for j in cutlass.range(size // 2, unroll_full=True):
-                    mn = coords[2 * j]
-                    n = cute.assume(min(mn[1], prob_n - 2), divby=2)
-                    offset = cute.crd2idx((min(mn[0], prob_m - 1), n, l_idx), mBias.layout)
-                    pair = cute.make_tensor(mBias.iterator + offset,
-                                            cute.make_layout(2)).load()
-                    bias[2 * j] = pair[0]
-                    bias[2 * j + 1] = pair[1]
-            else:
-                for i in cutlass.range(size, unroll_full=True):
-                    mn = coords[i]
-                    bias[i] = mBias[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
+            bias = self.gather_mn(mBias, coords, l_idx, prob_m, prob_n)
         return bias
+
+    @cute.jit
+    def gather_mn(self, mT, coords, l_idx, prob_m, prob_n):
+        """The values of ``mT`` (an ``(M, N, L)`` view, any strides, 0 broadcasting: the
+        bias, the scaled GEMM's scales) at ``coords``, clamped into the problem, as a
+        register fragment of its dtype; with the TMA store (N even) and a static unit
+        column stride two columns per load (see :meth:`epilogue_prefetch`)."""
+        size = cute.size(coords)
+        values = cute.make_rmem_tensor((size,), mT.element_type)
+        column_stride = mT.layout.stride[1]
+        if cutlass.const_expr(self.store == "tma" and cute.is_static(column_stride)
+                              and column_stride == 1):
+            for j in cutlass.range(size // 2, unroll_full=True):
+                mn = coords[2 * j]
+                n = cute.assume(min(mn[1], prob_n - 2), divby=2)
+                offset = cute.crd2idx((min(mn[0], prob_m - 1), n, l_idx), mT.layout)
+                pair = cute.make_tensor(mT.iterator + offset, cute.make_layout(2)).load()
+                values[2 * j] = pair[0]
+                values[2 * j + 1] = pair[1]
+        else:
+            for i in cutlass.range(size, unroll_full=True):
+                mn = coords[i]
+                values[i] = mT[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
+        return values
 
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,

@@ -1,7 +1,9 @@
 """The GEMM's config space and the heuristic that ranks it for a problem.
 
 ``pick_configs(m, n, k, ...)`` ranks candidates by a cost model (waves x per-tile work /
-tile efficiency); ``swiglu_configs`` derives the two-weight kernel's from it. The
+tile efficiency); ``swiglu_configs`` derives the two-weight kernel's from it, and
+``fp8_configs`` the FP8 kernel's (not yet measured: the 16-bit ranking, its K tiles
+twice as many elements). The
 candidate lists hold configs measured to win somewhere on the H200 (the figures:
 docs/measurements.md, "The GEMM's config space"); the model only orders them, so a
 candidate that never wins is noise that can push a winner out of the offered few.
@@ -16,7 +18,7 @@ from typing import Any, Optional
 from .config import GemmConfig, dtype_bytes
 
 __all__ = ["DEFAULT_CONFIGS", "EXTRA_CONFIGS", "SPLIT_K_BASE_CONFIGS", "SWAP_AB_MAX_M",
-           "pick_configs", "swap_ab_configs", "swiglu_configs"]
+           "fp8_configs", "pick_configs", "swap_ab_configs", "swiglu_configs"]
 
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 
@@ -233,6 +235,37 @@ def swiglu_configs(m: int, n: int, k: int, dtype: Any = "bf16",
         if cfg is None or cfg in out:
             continue
         if cfg.ring_stages(2, c_bytes) >= _SWIGLU_MIN_STAGES:
+            out.append(cfg)
+        if max_configs is not None and len(out) >= max_configs:
+            break
+    return out
+
+
+# An FP8 K tile: a stage of the bytes of a 16-bit one with K tile 64, rows of one 128-byte
+# swizzle atom (FP8 WGMMA takes K = 32 per instruction).
+_FP8_TILE_K = 128
+# Accumulator registers per consumer thread an FP8 config may have: the scales' values
+# (one sub-tile ahead) must fit next to them; the 256x192 tile's 192 spilled
+# (docs/gemm.md, "FP8").
+_FP8_MAX_ACC_REGS = 128
+
+
+def fp8_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
+                max_configs: Optional[int] = 8, l: int = 1,
+                out_dtype: Any = None) -> list[GemmConfig]:
+    """Ranked configs of the FP8 kernel (``fp8=True``) for an (m, n, k, l) problem:
+    :func:`pick_configs`'s order, each K tile ``_FP8_TILE_K`` elements (a config of
+    the 16-bit ranking with a K tile of 128, 256-byte rows there, becomes one of 128-byte
+    rows), each config once; an FP8 stage holds no more bytes than the 16-bit one it
+    comes from, so every one fits. Tiles of more than ``_FP8_MAX_ACC_REGS``
+    accumulator registers per thread are left out. ``out_dtype`` defaults to bf16."""
+    out: list[GemmConfig] = []
+    for cfg in pick_configs(m, n, k, dtype, max_configs=None, l=l,
+                            out_dtype=out_dtype or "bf16"):
+        if cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
+            continue
+        cfg = cfg.replace(tile_k=_FP8_TILE_K, fp8=True)
+        if cfg not in out:
             out.append(cfg)
         if max_configs is not None and len(out) >= max_configs:
             break

@@ -26,6 +26,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .ptx import opaque_copy
 
+_FP8 = (cutlass.Float8E4M3FN, cutlass.Float8E5M2)
+
 
 class Loads:
     """The producer's TMA copies: atoms, smem destinations (all slots), gmem sources
@@ -65,12 +67,18 @@ class GemmOperands:
         self.gemm = gemm
 
     def check_dtypes(self, a_dtype: Any, b_dtype: Any) -> None:
-        if a_dtype not in (cutlass.BFloat16, cutlass.Float16) or a_dtype != b_dtype:
-            raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, got {a_dtype}/{b_dtype}")
+        sixteen = a_dtype in (cutlass.BFloat16, cutlass.Float16) and a_dtype == b_dtype
+        if not (sixteen or (a_dtype in _FP8 and b_dtype in _FP8)):
+            raise ValueError(f"Sm90Gemm: A/B must both be bf16 or fp16, or both FP8 (e4m3, "
+                             f"e5m2), got {a_dtype}/{b_dtype}")
 
     def make_tiled_mma(self, a_layout: Any, b_layout: Any) -> Any:
-        """The GEMM's WGMMAs (``gemm.tiled_mma``), both operands from shared memory."""
+        """The GEMM's WGMMAs (``gemm.tiled_mma``), both operands from shared memory (FP8
+        ones K-major: the only layout FP8 WGMMA reads there)."""
         gemm = self.gemm
+        if gemm.a_dtype in _FP8 and not (a_layout.is_k_major_a() and b_layout.is_k_major_b()):
+            raise ValueError("Sm90Gemm: FP8 WGMMA reads K-major A and B only (torch's A "
+                             "row-major, B column-major)")
         return sm90_utils.make_trivial_tiled_mma(
             gemm.a_dtype, gemm.b_dtype, a_layout.sm90_mma_major_mode(),
             b_layout.sm90_mma_major_mode(), gemm.acc_dtype, gemm.mma_atom_layout,

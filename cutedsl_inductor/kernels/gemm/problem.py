@@ -1,7 +1,8 @@
 """Whether a GEMM problem suits ``Sm90Gemm``: ``why_not`` (the reason, or None) and
 ``can_implement``.
 
-The kernel's contract: A and B both bf16 or both fp16, C bf16, fp16 or fp32 (fp32
+The kernel's contract: A and B both bf16 or both fp16, or both FP8 (e4m3 or e5m2, each
+K-major: FP8 WGMMA reads no other layout from shared memory), C bf16, fp16 or fp32 (fp32
 accumulation); every non-unit stride of A, B and C (leading dimension and batch stride)
 a multiple of 16 bytes and the base pointers 16-byte aligned (TMA's rules; for L == 1
 the batch stride is unused but still declared divisible); M, N, K >= 1 and below 2^31,
@@ -16,9 +17,11 @@ from typing import Any, Optional
 
 import torch
 
-from .config import GemmConfig, config_error, gemm_dtype
+from .config import FP8_DTYPES, GemmConfig, config_error, gemm_dtype
 
 __all__ = ["why_not", "can_implement"]
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def why_not(
@@ -37,31 +40,36 @@ def why_not(
     a dict (then validated too).
     """
     ak, bk, ck = gemm_dtype(a_dtype), gemm_dtype(b_dtype), gemm_dtype(out_dtype)
-    if ak not in (torch.bfloat16, torch.float16) or ak != bk:
-        return f"A/B dtypes must both be bf16 or both fp16 (got {a_dtype}, {b_dtype})"
-    if ck is None:
+    fp8 = ak in FP8_DTYPES and bk in FP8_DTYPES
+    if not fp8 and (ak not in (torch.bfloat16, torch.float16) or ak != bk):
+        return (f"A/B dtypes must both be bf16 or both fp16, or both FP8 (got {a_dtype}, "
+                f"{b_dtype})")
+    if ck not in _OUT_DTYPES:
         return f"output dtype {out_dtype} unsupported"
-    if bias_dtype is not None and gemm_dtype(bias_dtype) is None:
+    if bias_dtype is not None and gemm_dtype(bias_dtype) not in _OUT_DTYPES:
         return f"bias dtype {bias_dtype} unsupported"
     if a_major not in ("k", "m"):
         return f"a_major must be 'k' or 'm', got {a_major!r}"
     if b_major not in ("k", "n"):
         return f"b_major must be 'k' or 'n', got {b_major!r}"
+    if fp8 and (a_major, b_major) != ("k", "k"):
+        return (f"FP8 WGMMA reads K-major operands only: A row-major (M x K) and B "
+                f"column-major (K x N), got a_major={a_major!r}, b_major={b_major!r}")
     for name, v in (("m", m), ("n", n), ("k", k), ("l", l)):
         if int(v) < 1:
             return f"{name}={v} must be >= 1"
         if int(v) >= 2**31:
             return f"{name}={v} too large for int32 indexing"
-    ab, cb = ak.itemsize, ck.itemsize
+    ab, bb, cb = ak.itemsize, bk.itemsize, ck.itemsize
     lda = lda if lda is not None else (k if a_major == "k" else m)
     ldb = ldb if ldb is not None else (k if b_major == "k" else n)
     ldc = ldc if ldc is not None else n
-    for name, ld, eb in (("lda", lda, ab), ("ldb", ldb, ab), ("ldc", ldc, cb)):
+    for name, ld, eb in (("lda", lda, ab), ("ldb", ldb, bb), ("ldc", ldc, cb)):
         if (ld * eb) % 16:
             return f"{name}={ld} elements is not a multiple of 16 bytes (TMA)"
     if l > 1:
         bs = batch_strides or (m * k, n * k, m * n)
-        for name, s, eb in zip(("A", "B", "C"), bs, (ab, ab, cb)):
+        for name, s, eb in zip(("A", "B", "C"), bs, (ab, bb, cb)):
             if (int(s) * eb) % 16:
                 return f"batch stride of {name} ({s}) is not a multiple of 16 bytes"
     if isinstance(config, dict):

@@ -136,6 +136,8 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
     # -------------------------------------------------------- trace-time setup
     def _setup(self, a_dtype, b_dtype, c_dtype, a_layout, b_layout, c_layout):
         self.operands.check_dtypes(a_dtype, b_dtype)
+        if (a_dtype.width == 8) != self.config.fp8:  # the config's resources are for its width
+            raise ValueError(f"Sm90Gemm: {a_dtype} operands with fp8={self.config.fp8}")
         if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32):
             raise ValueError(f"Sm90Gemm: unsupported output dtype {c_dtype}")
         if c_layout != LayoutEnum.ROW_MAJOR and self.store == "tma":

@@ -51,6 +51,15 @@ log = logging.getLogger(__name__)
 GEMM_SOURCE = r'''
 from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm
 from cutedsl_inductor.kernels.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, as_nml
+{#- _scaled_mm (scaled_choices.py): FP8 operands, scales in the epilogue; its own inputs
+    come after the scales in epi_args, and its bias is a vector (broadcast_mnl). #}
+{%- set scaled = SCALE_A is defined %}
+{%- set base = "Sm90ScaledGemm" if scaled else "Sm90Gemm" %}
+{%- set own_args = "epi_args[1]" if scaled else "epi_args" %}
+{%- if scaled %}
+from cutedsl_inductor.kernels.gemm.scaled import Sm90ScaledGemm
+from cutedsl_inductor.kernels.gemm.views import broadcast_mnl
+{%- endif %}
 {#- Swap-AB runs C^T = B A^T: the kernel's (m, n) are torch's (n, m). #}
 {%- if SWAP_AB is defined %}
 {%- set kernel_a, kernel_b, view_c = "as_nkl_from_kn(b)", "as_mkl(a)", "as_nml" %}
@@ -70,7 +79,7 @@ from cutedsl_inductor.kernels.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, 
 {#- A fused prologue transforms the activation (torch's a, the kernel's A) as it is
     loaded: the transform_a variant, which takes neither swap-AB, SwiGLU nor split-K. #}
 {%- set transform_a = has_prologue and SWAP_AB is not defined and SWIGLU is not defined
-    and SPLIT_K is not defined %}
+    and SPLIT_K is not defined and not scaled %}
 
 {{gen_defines()}}
 {%- if transform_a %}
@@ -83,7 +92,7 @@ from cutedsl_inductor.kernels.gemm.views import as_mkl, as_nkl_from_kn, as_mnl, 
 {%- endif %}
 {%- if has_epilogue or transform_a %}
 
-class {{kernel_name}}_Gemm(Sm90Gemm):
+class {{kernel_name}}_Gemm({{base}}):
 {%- endif %}
 {%- if transform_a %}
     @cute.jit
@@ -104,26 +113,26 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
                 mn = coords[2 * j]
                 {{kernel_name}}_epilogue_load_pair(
                     loaded, 2 * j, {% if output_rank == 3 %}l_idx, {% endif %}
-                    min(mn[0], prob_m - 1), min(mn[1], prob_n - 2), epi_args)
+                    min(mn[0], prob_m - 1), min(mn[1], prob_n - 2), {{own_args}})
         else:
             for i in cutlass.range(cute.size(coords), unroll_full=True):
                 mn = coords[i]
                 {{kernel_name}}_epilogue_load(
                     loaded, i, {% if output_rank == 3 %}l_idx, {% endif %}{{row}}, {{col}},
-                    epi_args)
-        return (Sm90Gemm.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args),
+                    {{own_args}})
+        return ({{base}}.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args),
                 loaded)
 
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
                     prefetched):
-        Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
+        {{base}}.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
                              epi_args, prefetched[0])
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             mn = coords[i]
             acc[i] = {{kernel_name}}_epilogue_apply(
                 acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}
-                {{row}}, {{col}}, epi_args)
+                {{row}}, {{col}}, {{own_args}})
 {%- if tile_input %}
 
     @cute.jit
@@ -135,19 +144,36 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 {%- endif %}
 
 @cute.jit
-{% if HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
-    gemm = {% if has_epilogue or transform_a %}{{kernel_name}}_Gemm{% else %}Sm90Gemm{% endif %}(
+{% if scaled %}{{def_kernel("a", "b", "scale_a", "scale_b", "bias") if HAS_BIAS else def_kernel("a", "b", "scale_a", "scale_b")}}{% elif HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
+    gemm = {% if has_epilogue or transform_a %}{{kernel_name}}_Gemm{% else %}{{base}}{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
         pingpong=PINGPONG, store=STORE,{% if SPLIT_K is defined %} split_k=SPLIT_K,{% endif %}
         {%- if GROUP_SIZE is defined %} group_size=GROUP_SIZE,{% endif %}
         {%- if SWIGLU is defined %} swiglu=SWIGLU,{% endif %}
         {%- if transform_a %} transform_a=True,{% endif %}
+        {%- if FP8 is defined %} fp8=FP8,{% endif %}
         {%- if PDL is defined %} pdl=PDL,{% endif %}
     )
     out = {{get_output()}}
+{%- if scaled %}
+{#- each (torch's dim along the kernel's M, along its N), or None: broadcast #}
+{%- set a_dims = (None, None) if SCALE_A == "tensor" else ((None, 0) if SWAP_AB is defined else (0, None)) %}
+{%- set b_dims = (None, None) if SCALE_B == "tensor" else ((1, None) if SWAP_AB is defined else (None, 1)) %}
+{%- set bias_dims = (0, None) if SWAP_AB is defined else (None, 0) %}
+    mA, mB = {{kernel_a}}, {{kernel_b}}
+    prob_m, prob_n = cute.size(mA, mode=[0]), cute.size(mB, mode=[0])
+    scales = (broadcast_mnl(scale_a, prob_m, prob_n, {{a_dims[0]}}, {{a_dims[1]}}),
+              broadcast_mnl(scale_b, prob_m, prob_n, {{b_dims[0]}}, {{b_dims[1]}}))
+    {% if HAS_BIAS %}bias_view = broadcast_mnl(bias, prob_m, prob_n, {{bias_dims[0]}}, {{bias_dims[1]}}){% else %}bias_view = None{% endif %}
+    gemm.launch(mA, mB, {{view_c}}(out), bias_view, ALPHA, BETA, stream,
+                epi_args=(scales, {% if has_epilogue %}{{epilogue_inputs()}}{% else %}None{% endif %}),
+                {%- if tile_input %} mTile={{view_c}}({{epilogue_tile_input()}}),{% endif %})
+{%- else %}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
-{%- if has_epilogue or SWIGLU is defined or transform_a %}
+{%- endif %}
+{%- if scaled %}
+{%- elif has_epilogue or SWIGLU is defined or transform_a %}
     gemm.launch({{kernel_a}}, {{kernel_b}}, {{view_c}}(out), bias_view,
                 ALPHA, BETA, stream,
                 {%- if has_epilogue %} epi_args={{epilogue_inputs()}},{% endif %}
@@ -163,7 +189,10 @@ class {{kernel_name}}_Gemm(Sm90Gemm):
 gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
 
 
-def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float) -> dict[str, Any]:
+def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,
+            scales: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The template's parameters for ``cfg``; ``scales``: ``_scaled_mm``'s (A's, B's)
+    kinds, "tensor" or "row" / "col" (``scaled_choices.py``)."""
     params = {
         "TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k,
         "CLUSTER_M": cfg.cluster_m, "CLUSTER_N": cfg.cluster_n,
@@ -181,6 +210,10 @@ def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float) -> dict[
         params["SWAP_AB"] = True
     if cfg.swiglu:
         params["SWIGLU"] = cfg.swiglu
+    if cfg.fp8:
+        params["FP8"] = True
+    if scales is not None:
+        params["SCALE_A"], params["SCALE_B"] = scales
     if cfg.pdl:
         params["PDL"] = True
     return params
@@ -203,15 +236,22 @@ def _is_runtime(expr: Any) -> bool:
 
 def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, str | None]:
     """(``problem.why_not`` arguments, None) for a problem the kernel can run, else
-    (None, the reason)."""
+    (None, the reason): torch's a and b the last two of ``nodes``, the output in their
+    dtype."""
+    return operand_problem(nodes[-2], nodes[-1], layout, same_dtype=True)
+
+
+def operand_problem(a: Any, b: Any, layout: Any, same_dtype: bool
+                    ) -> tuple[dict[str, Any] | None, str | None]:
+    """``gemm_problem`` of torch's ``a @ b`` into ``layout``, whose dtype is the operands'
+    where ``same_dtype``."""
     from torch._inductor.virtualized import V
 
-    a, b = nodes[-2], nodes[-1]
     if not target_arch().startswith("sm_90"):
         return None, f"target {target_arch()} is not sm_90"
     if a.get_device().type != "cuda":
         return None, "not a CUDA tensor"
-    if layout.dtype != a.get_dtype():
+    if same_dtype and layout.dtype != a.get_dtype():
         return None, f"output dtype {layout.dtype} differs from operand dtype {a.get_dtype()}"
     if not (is_aligned(a) and is_aligned(b)):  # TMA's; a bias is read by plain loads
         return None, "an operand may not be 16-byte aligned"
@@ -267,8 +307,8 @@ def gemm_choices(choices: list[Any], op: str, nodes: list[Any], layout: Any,
         log.debug("no CuteDSL GEMM choice for %s: %s", op, reason)
         return
     if configs is None:
-        configs = _ranked(pick_configs, problem, layout)
-    _append_choices(choices, nodes, layout, [problem], configs, op == "addmm", alpha, beta)
+        configs = ranked_configs(pick_configs, problem, layout)
+    append_choices(choices, nodes, layout, [problem], configs, op == "addmm", alpha, beta)
 
 
 def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
@@ -287,11 +327,11 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
         log.debug("no CuteDSL SwiGLU choice: %s", reason)
         return
     if configs is None:
-        configs = _ranked(swiglu_configs, problem, layout)
-    _append_choices(choices, nodes, layout, [problem, up_problem], configs)
+        configs = ranked_configs(swiglu_configs, problem, layout)
+    append_choices(choices, nodes, layout, [problem, up_problem], configs)
 
 
-def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfig]:
+def ranked_configs(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfig]:
     """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``), launched
     with programmatic dependent launch where ``config.gemm_pdl`` says."""
     ranked = ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
@@ -299,17 +339,18 @@ def _ranked(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfi
     return [cfg.replace(pdl=True) for cfg in ranked] if config.gemm_pdl else ranked
 
 
-def _append_choices(choices: list[Any], nodes: list[Any], layout: Any,
-                    problems: list[dict[str, Any]], configs: list[GemmConfig],
-                    has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0) -> None:
+def append_choices(choices: list[Any], nodes: list[Any], layout: Any,
+                   problems: list[dict[str, Any]], configs: list[GemmConfig],
+                   has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0,
+                   scales: tuple[str, str] | None = None) -> None:
     """One choice per config that the kernel can run on every one of ``problems``
-    (swapped for a swap-AB config)."""
+    (swapped for a swap-AB config); ``scales``: see ``_params``."""
     for cfg in configs:
         if any(why_not(**(swapped_problem(p) if cfg.swap_ab else p), config=cfg)
                for p in problems):
             continue
         gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
-                                          **_params(cfg, has_bias, alpha, beta))
+                                          **_params(cfg, has_bias, alpha, beta, scales))
 
 
 PRECOMPILE_SHAPE = (4096, 4096, 4096)

@@ -10,6 +10,10 @@ is a view, never a copy); a 2-D operand gets a batch mode of size 1 and stride 0
 Swap-AB (``C^T = B A^T``) passes ``b`` as the kernel's A (``as_nkl_from_kn``), ``a`` as
 its B (``as_mkl``) and the output and bias as ``as_nml``: C^T (N, M, L), column-major
 for a row-major output.
+
+``broadcast_mnl`` views a tensor that varies along at most one dim with the kernel's M
+and one with its N (``_scaled_mm``'s scales and bias vector: rank 0, 1 or 2) as the
+kernel's (M, N, 1), stride 0 along the rest.
 """
 
 from __future__ import annotations
@@ -44,3 +48,12 @@ def as_mnl(c: cute.Tensor) -> cute.Tensor:
 
 def as_nml(c: cute.Tensor) -> cute.Tensor:
     return _permuted(c, (2, 1, 0))
+
+
+def broadcast_mnl(t: cute.Tensor, m, n, m_dim, n_dim) -> cute.Tensor:
+    """``t`` as an (m, n, 1) tensor whose M mode steps along ``t``'s dim ``m_dim`` and N
+    mode along ``n_dim`` (each None: broadcast, stride 0)."""
+    m_stride = 0 if m_dim is None else t.stride[m_dim]
+    n_stride = 0 if n_dim is None else t.stride[n_dim]
+    return cute.make_tensor(t.iterator,
+                            cute.make_layout((m, n, 1), stride=(m_stride, n_stride, 0)))

@@ -18,12 +18,13 @@ Registers (the cubins' resource usage, by ``cuobjdump``): no stack frame."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import cuobjdump
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -136,25 +137,12 @@ def test_the_fused_dq_adds_each_half_of_a_step_with_tma_reduce_adds(entries):
     assert not re.search(r"\b(red|atom)\.global", ptx)
 
 
-def _cuobjdump():
-    """NVIDIA's cuobjdump: on PATH, or from the ``nvidia-cuda-cuobjdump`` wheel (test extras)."""
-    found = shutil.which("cuobjdump")
-    if found is None:
-        try:
-            import nvidia
-        except ImportError:
-            return None
-        found = next((str(p) for root in nvidia.__path__
-                      for p in Path(root).glob("cu*/bin/cuobjdump")), None)
-    return found
-
-
 def test_the_backward_keeps_its_values_in_registers(compiled):
     """No stack frame in the head-dim-128 backward kernels: with a mask (document) and with
     a score_mod (ALiBi) the dK/dV consumer holds dK, dV, S^T, dP^T, P^T and dS^T in its 240
     registers, the rows' LSE and delta staged in shared memory (spilled before: a stack of
     208 and 312 bytes)."""
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
     choice_of, dump = compiled
