@@ -4,8 +4,9 @@ It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
 scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
 (``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in
 flex_attention's lowering (``flex``, off unless asked for), the clock settling before
-autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the
-SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
+autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``; inside
+Inductor's distributed-autotuning step where our choices take part in it:
+``distributed.py``) and the SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
 starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
 at the compile's end if it forked no worker, and not started ahead again once a compile
 was served from Inductor's caches; ``torch._dynamo.reset()`` clears dynamo's callbacks,
@@ -31,7 +32,7 @@ from .cache_key import install_cache_key
 from .choices import cutedsl_gemm_listed, install_choices
 from .coordesc import install_coordesc_reuse
 from .flex import install_flex
-from .multi_template import install_pre_fusion_pass
+from .multi_template import install_distributed_schedule, install_pre_fusion_pass
 from .scheduling import CuteDSLCombinedScheduling
 from .sdpa import install_sdpa
 from .swiglu import install_swiglu
@@ -44,6 +45,7 @@ def install() -> None:
     install_flex()
     install_clock_settling()
     install_pre_fusion_pass()
+    install_distributed_schedule()
     install_swiglu()
     install_sdpa()
     install_coordesc_reuse()
