@@ -54,9 +54,9 @@ def scenario(name, rank, workdir, redis_port):
     )
     from cutedsl_inductor.compile import compiler
 
+    folder = f"kernels{rank}" if name == "redis" else "kernels"
     knobs = dict(distributed_autotune=name != "off", epilogue_fusion=name != "disk",
-                 gemm_max_configs=1, compile_workers=0,
-                 cache_dir=os.path.join(workdir, "kernels" if name != "redis" else f"kernels{rank}"),
+                 gemm_max_configs=1, compile_workers=0, cache_dir=os.path.join(workdir, folder),
                  remote_cache=name == "redis", redis_url=None, redis_host="127.0.0.1",
                  redis_port=redis_port)
     before = dict(compiler.stats)
