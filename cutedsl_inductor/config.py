@@ -281,6 +281,13 @@ aot: bool = _knob(
     "under Inductor's C++ wrapper (cpp_wrapper, AOTInductor) our choices are offered and the "
     "C++ code launches the winners' exported libraries, shipped in the package "
     "(docs/aot.md; off until verified on the GPU)", changes_code=True)
+distributed_autotune: bool = _knob(
+    "distributed_autotune", "CUTEDSL_INDUCTOR_DISTRIBUTED_AUTOTUNE", False, Boolean(),
+    "under Inductor's distributed autotuning (`TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1`: "
+    "the ranks of a torch.distributed job split the mm nodes to autotune) our GEMM choices "
+    "take part, a rank's winner of ours rebuilt on the others and loaded from the kernel "
+    "cache (docs/distributed.md; off: not offered for those mm nodes; off until verified on "
+    "several GPUs)", changes_code=True)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),

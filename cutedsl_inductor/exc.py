@@ -109,6 +109,29 @@ class NotExportableError(CuteDSLInductorError):
     )
 
 
+class DistributedChoiceError(CuteDSLInductorError):
+    """A winner of ours that another rank chose in Inductor's distributed autotuning does
+    not rebuild on this rank (``inductor/distributed.py``); this rank never timed that
+    node, so it has no other choice to fall back on."""
+
+    message = (
+        "CuteDSL choice {kernel!r} (template {template!r}, parameters [{params}]), chosen "
+        "by another rank in Inductor's distributed autotuning, cannot be rebuilt on this "
+        "rank: {cause}. Every rank must run the same torch, cutedsl_inductor and knobs "
+        "(docs/distributed.md)"
+    )
+
+
+class DistributedAutotuneError(CuteDSLInductorError):
+    """This rank's share of Inductor's distributed autotuning is not what its lowering
+    announced (``inductor/distributed.py``)."""
+
+    message = (
+        "Inductor's distributed autotuning: this rank lowered {expected} node(s) to "
+        "autotune but found {found} to send to the other ranks ({detail})"
+    )
+
+
 class CacheEntryError(CuteDSLInductorError):
     """An on-disk cache entry is unusable (damaged, forged or foreign); it is rebuilt."""
 

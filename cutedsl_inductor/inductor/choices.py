@@ -12,6 +12,10 @@ A lowering may call ``get_template_configs`` several times (addmm: once for ATen
 the original bias, once for the other templates with the bias expanded to the output
 shape); we offer our choices once per lowering, on the first call whose operands have
 their final form (every input as many dims as the output).
+
+Where Inductor's distributed autotuning spreads the mm nodes over the ranks and our
+choices do not take part in it (``distributed.withheld_reason()``), the mm nodes get none
+of ours, so torch's flow, which describes only its own choices, handles them alone.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from ..template.template import CPP_WRAPPER_UNSUPPORTED, cpp_wrapper_refused
-from . import scaled_mm
+from . import distributed, scaled_mm
 from .cache_key import package_fingerprint
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,11 @@ class CuteDSLChoices(InductorChoices):
         choices = super().get_template_configs(kernel_inputs, templates, op_name, *args, **kwargs)
         scaled = op_name == scaled_mm.OP_NAME and config.fp8
         if not (op_name in GEMM_OPS or scaled) or not cutedsl_gemm_enabled():
+            return choices
+        withheld = distributed.withheld_reason() if op_name == "mm" else None
+        if withheld is not None:
+            _warn_once(f"no CuteDSL GEMM choices for the mm nodes: {withheld} "
+                       "(docs/distributed.md)")
             return choices
         if cpp_wrapper_refused():
             _warn_once(f"no CuteDSL GEMM choices: {CPP_WRAPPER_UNSUPPORTED}")

@@ -5,9 +5,10 @@ scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache 
 (``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in
 flex_attention's lowering (``flex``, off unless asked for), the wrap of ``_scaled_mm``'s
 lowering that our FP8 choices read its call from (``scaled_mm``), the clock settling before
-autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``) and the
-SwiGLU rewrite (``swiglu``), and a start of the compile workers' zygote when dynamo
-starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
+autotuning (``autotune/select.py``), our pre-fusion pass (``multi_template``; inside
+Inductor's distributed-autotuning step where our choices take part in it:
+``distributed.py``) and the SwiGLU rewrite (``swiglu``), and a start of the compile
+workers' zygote when dynamo starts a compile with CUTEDSL among the GEMM backends (``runtime/workers.py``; stopped
 at the compile's end if it forked no worker, and not started ahead again once a compile
 was served from Inductor's caches; ``torch._dynamo.reset()`` clears dynamo's callbacks,
 and the workers then start at the first choice that needs them). Each is a no-op for
@@ -32,7 +33,7 @@ from .cache_key import install_cache_key
 from .choices import cutedsl_gemm_listed, install_choices
 from .coordesc import install_coordesc_reuse
 from .flex import install_flex
-from .multi_template import install_pre_fusion_pass
+from .multi_template import install_distributed_schedule, install_pre_fusion_pass
 from .scaled_mm import install_scaled_mm
 from .scheduling import CuteDSLCombinedScheduling
 from .sdpa import install_sdpa
@@ -47,6 +48,7 @@ def install() -> None:
     install_scaled_mm()
     install_clock_settling()
     install_pre_fusion_pass()
+    install_distributed_schedule()
     install_swiglu()
     install_sdpa()
     install_coordesc_reuse()

@@ -35,6 +35,13 @@ in its autotune cache (``PersistentCache``, by each choice's ``hash_key``, ours 
 binary): on a warm machine it returns those timings without precompiling or timing
 anything, so the settle's decision, a function of them, needs no store of ours.
 
+Under Inductor's distributed autotuning with our choices taking part (``distributed.py``)
+this step runs inside torch's distributed one (``distributed_schedule``, installed over
+it), which comes right after the pre-fusion pass: ours first, so that what this rank
+sends for a node it autotuned is the choice that node ends with, then torch's exchange,
+then our prologues, which the rebuilt nodes can take too. A pass set before ours then
+runs before our step.
+
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.
 The pass is a custom pass of Inductor's kind (``uuid``: our versions and the knobs that
@@ -62,7 +69,7 @@ from ..autotune.retime import fastest_in_rounds
 from ..compile.specs import Workspace
 from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
-from . import prologue
+from . import distributed, prologue
 from .cache_key import package_fingerprint
 from .scheduling import CuteDSLScheduling, fusion_estimate_ms, render_kernel
 
@@ -81,10 +88,10 @@ class PreFusionPass(SchedulerPass):
         self.previous = previous
 
     def __call__(self, nodes: list[Any]) -> list[Any]:
-        if config.epilogue_fusion or prologue.enabled():
-            finalize_cutedsl_winners(nodes)
-        if prologue.enabled():
-            nodes = prologue.fuse_prologues(nodes)
+        if not distributed.take_part():  # else inside that step: distributed_schedule
+            finalize_step(nodes)
+            if prologue.enabled():
+                nodes = prologue.fuse_prologues(nodes)
         return self.previous(nodes) if self.previous is not None else nodes
 
     def uuid(self) -> Any:
@@ -92,8 +99,47 @@ class PreFusionPass(SchedulerPass):
         return package_fingerprint("PreFusionPass", previous)
 
 
-def finalize_cutedsl_winners(nodes: list[Any]) -> None:
-    """Replace, in place, each MultiTemplateBuffer node won by a CuteDSL choice."""
+def finalize_step(nodes: list[Any]) -> dict[str, CuteDSLTemplateCaller]:
+    """``finalize_cutedsl_winners`` where a fusion of ours is on, else nothing."""
+    if config.epilogue_fusion or prologue.enabled():
+        return finalize_cutedsl_winners(nodes)
+    return {}
+
+
+def distributed_schedule(scheduler: Any) -> None:
+    """Inductor's distributed-autotuning step (installed over torch's), with our
+    pre-fusion step first where our choices take part (``distributed.py``): the
+    winners this rank finalizes are what it sends; the placeholders rebuilt from the
+    other ranks' winners can then take a prologue like the rest."""
+    if not distributed.take_part():
+        assert _torch_step is not None  # installed only after it is kept
+        _torch_step(scheduler)
+        return
+    finalized = finalize_step(scheduler.nodes)
+    distributed.exchange(scheduler, distributed.local_results(scheduler.nodes, finalized))
+    if prologue.enabled():
+        scheduler.nodes = prologue.fuse_prologues(scheduler.nodes)
+
+
+# torch's distributed_autotune.schedule, which distributed_schedule replaces (when installed)
+_torch_step: Callable[[Any], None] | None = None
+
+
+def install_distributed_schedule() -> None:
+    """Put ``distributed_schedule`` in place of torch's step, which it keeps (no-op on a
+    torch whose step it does not know, or where it is in place)."""
+    global _torch_step
+    module = distributed.torch_distributed
+    if not distributed.supported() or module.schedule is distributed_schedule:
+        return
+    _torch_step = module.schedule
+    module.schedule = distributed_schedule
+
+
+def finalize_cutedsl_winners(nodes: list[Any]) -> dict[str, CuteDSLTemplateCaller]:
+    """Replace, in place, each MultiTemplateBuffer node won by a CuteDSL choice; returns
+    their buffer names -> the choice each ends with."""
+    finalized = {}
     for index, node in enumerate(nodes):
         if not (isinstance(node, SchedulerNode) and isinstance(node.node, ir.MultiTemplateBuffer)):
             continue
@@ -128,6 +174,14 @@ def finalize_cutedsl_winners(nodes: list[Any]) -> None:
                 use_choice(nodes[index].node, winner)
                 log.warning("%s: kept %s, not retimed with its epilogue: %s",
                             multi.get_name(), winner.description, err)
+        finalized[multi.get_name()] = chosen_of(nodes[index].node, timings)
+    return finalized
+
+
+def chosen_of(buffer: Any, choices: Any) -> CuteDSLTemplateCaller:
+    """The choice among ``choices`` that our template ``buffer`` now renders."""
+    return next(c for c in choices if isinstance(c, CuteDSLTemplateCaller)
+                and c.make_kernel_render is buffer.make_kernel_render)
 
 
 def chosen_cutedsl_choice(timings: dict[Any, float], saving_ms: float) -> Any:
