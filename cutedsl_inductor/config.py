@@ -6,10 +6,12 @@ assignment (``cutedsl_inductor.config.arch = "sm_90a"``) or temporarily with
 
 ``KNOBS`` is the one list of them: each ``Knob`` says its variable, default, parser and
 what it does, and two things about the code it steers. ``changes_code``: generated code
-(output code, kernels) depends on it, so ``snapshot()`` -- part of Inductor's FX graph
-cache key -- holds it. ``locates_binary``: finding or building a kernel's binary depends
-on it, so a benchmark request carries it to Inductor's tuning process
-(``binary_knobs()``). docs/configuration.md's table is ``docs_table()``.
+(output code, kernels) depends on it, so ``snapshot(reach)`` -- part of Inductor's FX
+graph cache key for a graph our code reaches (``inductor/cache_key.py``) -- holds it where
+what it ``steers`` (our GEMM, our FlexAttention, templates served by custom lowerings) is
+reached. ``locates_binary``: finding or building a kernel's binary depends on it, so a
+benchmark request carries it to Inductor's tuning process (``binary_knobs()``).
+docs/configuration.md's table is ``docs_table()``.
 
 The Redis address is Inductor's own (its remote caches read the same variables), so one
 setting serves both.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -109,6 +112,17 @@ class Text:
 Parser = Boolean | Integer | Pattern | Text
 
 
+class Reach(enum.Flag):
+    """Code of ours that a graph can reach (``inductor/cache_key.py``) and that a knob
+    steers: the GEMM's choices, FlexAttention's, and templates a custom lowering offers
+    (a user's, the ``cutedsl::add`` example)."""
+
+    GEMM = enum.auto()
+    FLEX = enum.auto()
+    TEMPLATES = enum.auto()
+    ALL = GEMM | FLEX | TEMPLATES
+
+
 @dataclasses.dataclass(frozen=True)
 class Knob:
     name: str
@@ -118,6 +132,7 @@ class Knob:
     doc: str
     default_doc: str = ""  # for the docs, where the default depends on the machine
     changes_code: bool = False
+    steers: Reach = Reach.ALL  # whose code it changes, where changes_code
     locates_binary: bool = False
 
     def read(self) -> Any:
@@ -167,51 +182,51 @@ compile_options: str = _knob(
     "extra options for `cute.compile`", changes_code=True, locates_binary=True)
 gemm_max_configs: int = _knob(
     "gemm_max_configs", "CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8, Integer(1, 1024),
-    "GEMM configs the heuristic offers per shape", changes_code=True)
+    "GEMM configs the heuristic offers per shape", changes_code=True, steers=Reach.GEMM)
 gemm_exhaustive: bool = _knob(
     "gemm_exhaustive", "CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False, Boolean(),
-    "offer every GEMM config the kernel can run", changes_code=True)
+    "offer every GEMM config the kernel can run", changes_code=True, steers=Reach.GEMM)
 gemm_pdl: bool = _knob(
     "gemm_pdl", "CUTEDSL_INDUCTOR_GEMM_PDL", False, Boolean(),
     "launch the GEMM with programmatic dependent launch, its setup overlapping the previous "
-    "kernel's end", changes_code=True)
+    "kernel's end", changes_code=True, steers=Reach.GEMM)
 epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "
-    "into one", changes_code=True)
+    "into one", changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 prologue_fusion: bool = _knob(
     "prologue_fusion", "CUTEDSL_INDUCTOR_PROLOGUE_FUSION", False, Boolean(),
     "fuse a pointwise producer of a GEMM's activation (a cast, a scale, RMSNorm's weight) "
     "into its load path where timing says it pays (templates with `def_prologue`)",
-    changes_code=True)
+    changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 fused_choice_candidates: int = _knob(
     "fused_choice_candidates", "CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, Integer(0, 64),
     "our fastest GEMM choices timed again with their epilogue fused (< 2: none)",
-    changes_code=True)
+    changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 flex_attention: bool = _knob(
     "flex_attention", "CUTEDSL_INDUCTOR_FLEX_ATTENTION", False, Boolean(),
     "offer our FlexAttention forward and backward in every flex_attention (and "
     "flex_attention_backward) lowering (one call: "
     "`kernel_options={\"CUTEDSL\": True}`), timed against Inductor's Triton kernel",
-    changes_code=True)
+    changes_code=True, steers=Reach.FLEX)
 flex_max_configs: int = _knob(
     "flex_max_configs", "CUTEDSL_INDUCTOR_FLEX_MAX_CONFIGS", 2, Integer(1, 8),
-    "FlexAttention configs offered per lowering", changes_code=True)
+    "FlexAttention configs offered per lowering", changes_code=True, steers=Reach.FLEX)
 flex_only_ours: bool = _knob(
     "flex_only_ours", "CUTEDSL_INDUCTOR_FLEX_ONLY_OURS", False, Boolean(),
     "where our FlexAttention is switched on, offer it alone (Inductor's Triton choices "
     "dropped; a problem ours refuses fails to compile, naming why): what `bench attention` "
-    "times", changes_code=True)
+    "times", changes_code=True, steers=Reach.FLEX)
 flex_pipelined: bool = _knob(
     "flex_pipelined", "CUTEDSL_INDUCTOR_FLEX_PIPELINED", True, Boolean(),
     "our FlexAttention kernels overlap their softmax with their GEMMs (forward: S_t with "
     "P_{t-1} V; backward dK/dV: P^T with dP^T, dS^T with dV; off: the serial loops, to "
-    "compare)", changes_code=True)
+    "compare)", changes_code=True, steers=Reach.FLEX)
 flex_pingpong: bool = _knob(
     "flex_pingpong", "CUTEDSL_INDUCTOR_FLEX_PINGPONG", False, Boolean(),
     "our FlexAttention forward's two consumer warpgroups take turns issuing their GEMMs "
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
-    "only; off until timed on the H200)", changes_code=True)
+    "only; off until timed on the H200)", changes_code=True, steers=Reach.FLEX)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
@@ -276,9 +291,11 @@ def patch(**changes: Any) -> Iterator[None]:
         module.update(saved)
 
 
-def snapshot() -> dict[str, Any]:
-    """The knobs that change generated code (goes into Inductor's FX graph cache key)."""
-    return {name: globals()[name] for name, knob in KNOBS.items() if knob.changes_code}
+def snapshot(reach: Reach = Reach.ALL) -> dict[str, Any]:
+    """The knobs that change the generated code of what ``reach`` names (in Inductor's FX
+    graph cache key of a graph our code reaches)."""
+    return {name: globals()[name] for name, knob in KNOBS.items()
+            if knob.changes_code and knob.steers & reach}
 
 
 def binary_knobs() -> dict[str, Any]:

@@ -16,10 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def reload_config(monkeypatch):
-    """Re-read the knobs from the environment as set in the test (and again after)."""
+    """Re-read the knobs from the environment as set in the test; after it, the module as
+    it was (its classes too: other modules hold them, e.g. ``config.Reach``)."""
+    saved = dict(vars(config))
     yield lambda: importlib.reload(config)
     monkeypatch.undo()
-    importlib.reload(config)
+    vars(config).update(saved)
 
 
 @pytest.mark.parametrize("raw, value", [("1", True), ("TRUE", True), (" yes ", True),
