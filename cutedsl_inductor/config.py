@@ -13,6 +13,10 @@ reached. ``locates_binary``: finding or building a kernel's binary depends on it
 benchmark request carries it to Inductor's tuning process (``binary_knobs()``).
 docs/configuration.md's table is ``docs_table()``.
 
+An assignment is checked as the environment is: an unknown name, or a value of the wrong
+type or one the knob's parser refuses, raises ``ConfigError`` naming it (the module's
+class is ``_CheckedModule``; ``patch`` checks the same way).
+
 The Redis address is Inductor's own (its remote caches read the same variables), so one
 setting serves both.
 
@@ -26,13 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import enum
 import os
 import re
+import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .exc import ConfigError
+from .exc import ConfigError, UnknownKnobError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -50,6 +57,12 @@ class Boolean:
         if raw.lower() in _TRUE + _FALSE:
             return raw.lower() in _TRUE
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
+
+    def value(self, value: Any, name: str) -> bool:
+        """An assigned value: True or False."""
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(variable=name, value=value, accepted="True or False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +84,13 @@ class Integer:
             return int(raw)
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
 
+    def value(self, value: Any, name: str) -> int:
+        """An assigned value: an int (not a bool) in range."""
+        if isinstance(value, int) and not isinstance(value, bool) and (
+                self.low <= value <= self.high):
+            return value
+        raise ConfigError(variable=name, value=value, accepted=self.accepted)
+
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
@@ -85,6 +105,12 @@ class Pattern:
         if re.fullmatch(self.regex, raw):
             return raw
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
+
+    def value(self, value: Any, name: str) -> str:
+        """An assigned value: text the pattern takes."""
+        if isinstance(value, str):
+            return self(value, name)
+        raise ConfigError(variable=name, value=value, accepted=self.accepted)
 
 
 def check_compile_options(value: str, variable: str) -> str:
@@ -107,6 +133,12 @@ class Text:
 
     def __call__(self, raw: str, variable: str) -> str:
         return self.check(raw, variable)
+
+    def value(self, value: Any, name: str) -> str:
+        """An assigned value: text the check takes."""
+        if isinstance(value, str):
+            return self(value, name)
+        raise ConfigError(variable=name, value=value, accepted=self.doc)
 
 
 Parser = Boolean | Integer | Pattern | Text
@@ -141,6 +173,12 @@ class Knob:
             if raw:
                 return self.parse(raw, variable)
         return self.default
+
+    def check(self, value: Any) -> Any:
+        """An assigned value as the knob takes it, else ``ConfigError`` naming it."""
+        if value is None and self.default is None:
+            return None
+        return self.parse.value(value, f"config.{self.name}")
 
 
 KNOBS: dict[str, Knob] = {}  # name -> Knob, in the order they are defined below
@@ -278,17 +316,24 @@ redis_port: int = _knob(
 
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
-    """Temporarily set knobs: ``with config.patch(disk_cache=False): ...``."""
+    """Temporarily set knobs: ``with config.patch(disk_cache=False): ...`` (each checked
+    as an assignment is)."""
+    checked = {name: knob(name).check(value) for name, value in changes.items()}
     module = globals()
-    unknown = [name for name in changes if name not in KNOBS]
-    if unknown:
-        raise AttributeError(f"unknown cutedsl_inductor config knob(s): {unknown}")
-    saved = {name: module[name] for name in changes}
-    module.update(changes)
+    saved = {name: module[name] for name in checked}
+    module.update(checked)
     try:
         yield
     finally:
         module.update(saved)
+
+
+def knob(name: str) -> Knob:
+    """The knob ``name``, else ``ConfigError`` naming it (and the knobs it is close to)."""
+    if name in KNOBS:
+        return KNOBS[name]
+    close = difflib.get_close_matches(name, KNOBS, n=1)
+    raise UnknownKnobError(name=name, hint=f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def snapshot(reach: Reach = Reach.ALL) -> dict[str, Any]:
@@ -313,3 +358,17 @@ def docs_table() -> str:
         default = knob.default_doc or f"`{knob.default!r}`"
         rows.append(f"| `{knob.name}` | {env} | {default} | {knob.parse.doc} | {knob.doc} |")
     return "\n".join(rows)
+
+
+class _CheckedModule(types.ModuleType):
+    """This module, whose attribute assignments are checked: a knob's value by its knob
+    (``Knob.check``), any other name only where the module has it already (a function a
+    test replaces)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in KNOBS or not hasattr(self, name):
+            value = knob(name).check(value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _CheckedModule

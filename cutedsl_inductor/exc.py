@@ -105,6 +105,14 @@ class PortableEntryError(CuteDSLInductorError):
 
 
 class ConfigError(CuteDSLInductorError, ValueError):
-    """A knob's value (an environment variable, a command-line option) is refused."""
+    """A knob's value (an environment variable, an assignment, a command-line option) is
+    refused."""
 
     message = "{variable}={value!r} is not accepted: expected {accepted}"
+
+
+class UnknownKnobError(ConfigError):
+    """An assignment (or ``config.patch``) names no knob."""
+
+    message = ("cutedsl_inductor.config has no knob {name!r}{hint}; "
+               "docs/configuration.md lists them")
