@@ -7,6 +7,9 @@
                                compile the built-in templates' default choices into the
                                cache, GPU or not; S: MxNxK,... or "suite" (bench gemm's
                                shapes), the GEMM choices for those shapes
+  check FILE.py:TEMPLATE --shapes S [--param NAME=V1,V2] [--arch sm_90a]
+                               compile a template's choices without a GPU and report
+                               each kernel's registers, shared memory and spills
   bench gemm|epilogue|attention|model|sweep|launch [...]
                                the benchmarks (``cutedsl_inductor/bench``; GPU)
 
@@ -23,7 +26,7 @@ import sys
 
 import torch
 
-from . import config, demo
+from . import check, config, demo
 from .bench import attention as bench_attention
 from .bench import epilogue as bench_epilogue
 from .bench import gemm as bench_gemm
@@ -171,6 +174,11 @@ def parser(prog: str = "cutedsl-inductor") -> argparse.ArgumentParser:
     pre.add_argument("--gemm-shapes", type=_gemm_shapes, metavar="MxNxK,...|suite",
                      help="the GEMM choices for these shapes (default: one 4096^3 problem)")
     pre.set_defaults(run=_precompile)
+    checking = commands.add_parser(
+        "check", help="compile a template's choices without a GPU: registers, shared "
+        "memory, spills", description=check.__doc__.split("\n\n")[0])
+    check.add_arguments(checking)
+    checking.set_defaults(run=check.main)
     bench = commands.add_parser("bench", help="the benchmarks (GPU)")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, (module, summary) in BENCHES.items():

@@ -116,3 +116,9 @@ class UnknownKnobError(ConfigError):
 
     message = ("cutedsl_inductor.config has no knob {name!r}{hint}; "
                "docs/configuration.md lists them")
+
+
+class CheckTargetError(CuteDSLInductorError):
+    """``cutedsl-inductor check FILE.py:NAME`` names no template it can load."""
+
+    message = "{target!r}: {cause} (expected FILE.py:NAME, NAME a CuteDSLTemplate in FILE.py)"

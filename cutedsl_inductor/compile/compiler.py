@@ -140,7 +140,7 @@ def compile_entry(
         if compiled is not None:
             return compiled, "memory"
         if not config.disk_cache:
-            compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
+            compiled, origin = compile_uncached(entry_fn, specs, arch, describe), "compiled"
         else:
             compiled, origin = _through_caches(entry_fn, specs, key, arch, describe)
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
@@ -235,7 +235,7 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
         loaded = _from_disk(entry, key)
         if loaded is not None:
             return loaded.function, "disk"
-        compiled = _compile(entry_fn, specs, arch, describe)
+        compiled = compile_uncached(entry_fn, specs, arch, describe)
         data = export_object(compiled, key)
         if data is not None:
             entry.store(data, fields)
@@ -266,9 +266,11 @@ def compile_error(describe: dict[str, Any], arch: str, err: Exception) -> Kernel
     )
 
 
-def _compile(
+def compile_uncached(
     entry_fn: Callable[..., Any], specs: list[ArgSpec], arch: str, describe: dict[str, Any]
 ) -> Any:
+    """CuTe DSL's compiled function for ``entry_fn`` at ``specs``, from no cache (its
+    ``ir_module`` is the lowered module: ``resources.py`` reads it)."""
     import cutlass.cute as cute
     from cutlass.runtime import make_fake_stream
 
