@@ -38,7 +38,8 @@ from .compile import compiler, decisions, remote_cache, versions
 from .compile.compiler import check_cute_arch
 from .compile.disk_cache import default_cache
 from .exc import ConfigError
-from .precompile import BUILTIN_TEMPLATES, precompile
+from .catalog import BUILTIN_TEMPLATES
+from .precompile import precompile
 from .version import __version__
 
 BENCHES = {
