@@ -18,7 +18,6 @@ report says so.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib.util
 import itertools
@@ -33,9 +32,9 @@ from torch._inductor import ir
 
 from . import config
 from .autotune.scratch import scratch_graph
-from .compile.compiler import check_cute_arch, entry_name, is_cute_jit
+from .compile.compiler import entry_name, is_cute_jit
 from .compile.resources import KernelResources, compile_with_resources
-from .exc import CheckTargetError, ConfigError, format_params
+from .exc import CheckTargetError, format_params
 from .runtime.loader import describe_kernel, import_source
 from .template.template import CuteDSLTemplate
 
@@ -153,58 +152,7 @@ def _where(err: BaseException, path: str | None) -> str | None:
     return path
 
 
-# -- the command: ``cutedsl-inductor check FILE.py:NAME --shapes ...`` -----------------------
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def parse_shapes(text: str) -> list[tuple[int, ...]]:
-    """``--shapes``: each input's shape, ``1024x1000,1024x1000``."""
-    shapes = []
-    for item in text.split(","):
-        dims = item.lower().split("x")
-        if not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"{item!r} is not a shape such as 1024x1000 "
-                                             "(positive integers)")
-        shapes.append(tuple(map(int, dims)))
-    return shapes
-
-
-def parse_param(text: str) -> tuple[str, list[Any]]:
-    """``--param NAME=V1,V2``: a parameter's values (Python literals, else text)."""
-    name, _, values = text.partition("=")
-    if not name.isidentifier() or not values:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE[,VALUE...]")
-    return name, [_literal(value) for value in values.split(",")]
-
-
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def parse_arch(text: str) -> str:
-    try:
-        return check_cute_arch(text, "--arch")
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="FILE.py:TEMPLATE",
-                        help="a CuteDSLTemplate, by its file and its name there")
-    parser.add_argument("--shapes", required=True, type=parse_shapes, metavar="SHAPE,...",
-                        help="each input's shape in def_kernel's order, e.g. 1024x1000,1024x1000")
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
-                        help="the inputs' and output's dtype (default: bfloat16)")
-    parser.add_argument("--output-shape", type=lambda text: parse_shapes(text)[0],
-                        metavar="SHAPE", help="default: the first input's shape")
-    parser.add_argument("--param", action="append", type=parse_param, default=[],
-                        metavar="NAME=V1,V2", help="a parameter's values (repeat it; a choice "
-                        "per combination)")
-    parser.add_argument("--arch", default="sm_90a", type=parse_arch)
+# -- the command: ``cutedsl-inductor check FILE.py:NAME --shapes ...`` (its options: cli.py)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -216,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     names = [name for name, _ in args.param]
     combos = [dict(zip(names, values))
               for values in itertools.product(*(values for _, values in args.param))]
-    reports = check_template(template, args.shapes, combos, dtype=DTYPES[args.dtype],
+    reports = check_template(template, args.shapes, combos, dtype=getattr(torch, args.dtype),
                              arch=args.arch, output_shape=args.output_shape)
     for report in reports:
         print(report)

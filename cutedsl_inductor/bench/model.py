@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -48,9 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..autotune import retime
-from ..compile import compiler
 from . import first_call
 from .args import one_of, output_folder, parse_count
 from .model_profile import profile_steps, table
@@ -211,7 +211,7 @@ def measure(case: Case) -> dict[str, Any]:
             "host_ms": host_ms,
             "first_call_s": first_call_s, "rel_err": error, "rel_err_eager": eager_error,
             "ok": error <= 2 * eager_error + 1e-3,
-            "cute_compiled": compiler.stats["compiled"],
+            "cute_compiled": counters.kernels.compiled,
             "cute_kernels": _output_code_kernels(),
             "fx_hits": counters["inductor"]["fxgraph_cache_hit"]
             + counters["aot_autograd"]["autograd_cache_hit"],
@@ -377,6 +377,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench model needs an sm_90 GPU")
+        return 2
+    if importlib.util.find_spec("transformers") is None:
+        print("bench model needs transformers: pip install 'cutedsl-inductor[bench]'")
+        return 2
     rows = run(args)
     print(summary(rows))
     print(table(rows))

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..exc import ConfigError, KernelCompileError, format_params
 from . import versions
 from .disk_cache import default_cache, manifest_fields
@@ -52,12 +52,6 @@ log = logging.getLogger(__name__)
 # key -> compiled callable; guarded by COMPILE_LOCK (CuTe's compiler is not re-entrant)
 _COMPILED: dict[str, Any] = {}
 COMPILE_LOCK = threading.RLock()
-# where this process's kernels came from, and the seconds each origin took (benchmarks and
-# tests read it; ``bench/first_call.py``): the remote tier's fetch (one round trip) and
-# adopt (stored on disk, the library linked, loaded) apart
-stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "disk_misses": 0, "remote_hits": 0,
-                           "memory_hits": 0, "disk_load_s": 0.0, "remote_fetch_s": 0.0,
-                           "remote_adopt_s": 0.0, "compile_s": 0.0}
 
 
 def entry_name(kernel_name: str) -> str:
@@ -94,7 +88,6 @@ def check_cute_arch(arch: str, variable: str) -> str:
 
 
 def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
-    config.check_compile_options(config.compile_options, "cutedsl_inductor.config.compile_options")
     material = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "entry": entry,
@@ -133,7 +126,7 @@ def compile_entry(
     """
     compiled = _COMPILED.get(key)
     if compiled is not None:
-        stats["memory_hits"] += 1
+        counters.kernels.add(memory_hits=1)
         return compiled, "memory"
     with COMPILE_LOCK:
         compiled = _COMPILED.get(key)
@@ -153,7 +146,7 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
     ``describe``'s manifest fields) has it; else None, and nothing compiled."""
     compiled = _COMPILED.get(key)
     if compiled is not None:
-        stats["memory_hits"] += 1
+        counters.kernels.add(memory_hits=1)
         return compiled, "memory"
     if not config.disk_cache:
         return None
@@ -165,7 +158,7 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
             loaded, origin = _from_disk(entry, key), "disk"
             function = loaded and loaded.function
             if function is None:
-                stats["disk_misses"] += 1
+                counters.kernels.add(disk_misses=1)
                 function, origin = _from_remote(entry, key, describe), "remote"
         if function is None:
             return None
@@ -195,8 +188,7 @@ def _from_disk(entry: Any, key: str) -> Any:
     loaded = entry.load()
     if loaded is None:
         return None
-    stats["disk_hits"] += 1
-    stats["disk_load_s"] += time.perf_counter() - start
+    counters.kernels.add(disk_hits=1, disk_load_s=time.perf_counter() - start)
     record_artifact("kernel", key, loaded.data, loaded.fields)
     return loaded
 
@@ -208,7 +200,7 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
     start = time.perf_counter()
     fetched = tier.fetch("kernel", key) if tier is not None else None
     fetched_at = time.perf_counter()
-    stats["remote_fetch_s"] += fetched_at - start
+    counters.kernels.add(remote_fetch_s=fetched_at - start)
     if fetched is None:
         return None
     fields = manifest_fields(describe)
@@ -219,8 +211,8 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
                     "compiling it", describe.get("kernel"), type(err).__name__, err)
         return None
     finally:
-        stats["remote_adopt_s"] += time.perf_counter() - fetched_at
-    stats["remote_hits"] += 1
+        counters.kernels.add(remote_adopt_s=time.perf_counter() - fetched_at)
+    counters.kernels.add(remote_hits=1)
     record_artifact("kernel", key, fetched[1], fields)
     return function
 
@@ -282,7 +274,6 @@ def compile_uncached(
     except Exception as err:
         raise compile_error(describe, arch, err) from err
     seconds = time.perf_counter() - start
-    stats["compiled"] += 1
-    stats["compile_s"] += seconds
+    counters.kernels.add(compiled=1, compile_s=seconds)
     log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.get("kernel"), arch, seconds)
     return compiled

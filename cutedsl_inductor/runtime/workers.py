@@ -45,7 +45,7 @@ Failure semantics:
 Without a disk cache it can write (none, or one used read-only) a worker could hand
 nothing back: none is used.
 
-``stats`` counts what the workers cost this process: workers started and their seconds
+``counters.workers`` counts what the workers cost this process: workers started and their seconds
 from spawn to ready (each says when it was ready), the seconds callers waited for a
 worker to be ready and for one to be free, and the builds and their round trips.
 """
@@ -60,7 +60,7 @@ import threading
 import time
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..compile import compiler
 from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache, default_root
@@ -69,18 +69,6 @@ from .loader import describe_kernel, kernel_key, source_file
 from .zygote import READY, Build, Failed, Zygote
 
 log = logging.getLogger(__name__)
-
-
-# what the module docstring says; "started" counts the workers that said they were ready
-stats: dict[str, float] = {"started": 0, "startup_s": 0.0, "ready_wait_s": 0.0,
-                           "queue_wait_s": 0.0, "builds": 0, "build_s": 0.0}
-_STATS_LOCK = threading.Lock()
-
-
-def _count(**added: float) -> None:
-    with _STATS_LOCK:
-        for name, value in added.items():
-            stats[name] += value
 
 
 class _Worker:
@@ -101,7 +89,7 @@ class _Worker:
         pickle.dump(request, self.stream)
         self.stream.flush()
         reply = pickle.load(self.stream)
-        _count(builds=1, build_s=time.perf_counter() - start)
+        counters.workers.add(builds=1, build_s=time.perf_counter() - start)
         return reply
 
     def _wait_until_ready(self) -> None:
@@ -115,7 +103,7 @@ class _Worker:
         if not (isinstance(said, tuple) and len(said) == 3 and said[0] == READY):
             raise _NotStarted(f"it said {said!r} instead of ({READY!r}, its pid, its ready time)")
         self.pid = said[1]
-        _count(started=1, startup_s=max(said[2] - self.spawned_at, 0.0),
+        counters.workers.add(started=1, startup_s=max(said[2] - self.spawned_at, 0.0),
                ready_wait_s=time.perf_counter() - start)
 
     def close(self) -> None:
@@ -389,7 +377,7 @@ def _acquire(arch: str) -> _Worker:
                 return worker
         start = time.perf_counter()
         worker = _IDLE.get()  # waits for a busy one
-        _count(queue_wait_s=time.perf_counter() - start)
+        counters.workers.add(queue_wait_s=time.perf_counter() - start)
         if worker.arch == arch:
             return worker
         worker.close()  # compiles for another arch
