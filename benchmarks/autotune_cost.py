@@ -13,7 +13,7 @@ and the seconds their timing took, so that a timing cost that grows with CUTEDSL
 be told apart from the cost of our own choices. Beside them: the seconds Inductor waited
 on each op's precompilation, the Triton kernels compiled or loaded in this process
 (``CachingAutotuner.precompile``: a choice whose kernel Inductor's compile pool did not
-build, or one loaded at its first timed call) and our compile workers' ``stats``.
+build, or one loaded at its first timed call) and our compile workers' counters (``counters.workers``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def child(backends: str, shapes: list[tuple[int, int, int]]) -> None:
     import torch
 
     import cutedsl_inductor  # noqa: F401 - installs the backend
-    from cutedsl_inductor.runtime import workers
+    from cutedsl_inductor import counters
 
     lock = threading.Lock()
 
@@ -122,7 +122,7 @@ def child(backends: str, shapes: list[tuple[int, int, int]]) -> None:
         compiled(x, w)
         torch.cuda.synchronize()
         emit(shape=f"{m}x{k}x{n}", first_call_s=time.perf_counter() - start,
-             workers=dict(workers.stats))
+             workers=counters.snapshot()["workers"])
 
 
 def run(backends: str, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:

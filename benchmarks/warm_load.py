@@ -72,7 +72,7 @@ torch_s = time.perf_counter() - start
 import cutedsl_inductor
 package_s = time.perf_counter() - start - torch_s
 from cutedsl_inductor.bench.lowering import kernel_definitions
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 text = open(sys.argv[1]).read()
 ours = [n for n in ast.parse(text).body if isinstance(n, ast.ImportFrom)
         and (n.module or "").startswith("cutedsl_inductor")] + kernel_definitions(text)
@@ -95,7 +95,7 @@ print(json.dumps({"torch_s": torch_s, "package_s": package_s, "loads": loads, "p
                   "cutlass": "cutlass" in sys.modules,
                   "gemm_modules": sum(m.startswith("cutedsl_inductor.kernels.gemm")
                                       for m in sys.modules),
-                  "stats": compiler.stats}))
+                  "stats": counters.snapshot()["kernels"]}))
 """
 
 CUTLASS = r"""

@@ -6,10 +6,16 @@ assignment (``cutedsl_inductor.config.arch = "sm_90a"``) or temporarily with
 
 ``KNOBS`` is the one list of them: each ``Knob`` says its variable, default, parser and
 what it does, and two things about the code it steers. ``changes_code``: generated code
-(output code, kernels) depends on it, so ``snapshot()`` -- part of Inductor's FX graph
-cache key -- holds it. ``locates_binary``: finding or building a kernel's binary depends
-on it, so a benchmark request carries it to Inductor's tuning process
-(``binary_knobs()``). docs/configuration.md's table is ``docs_table()``.
+(output code, kernels) depends on it, so ``snapshot(reach)`` -- part of Inductor's FX
+graph cache key for a graph our code reaches (``inductor/cache_key.py``) -- holds it where
+what it ``steers`` (our GEMM, our FlexAttention, templates served by custom lowerings) is
+reached. ``locates_binary``: finding or building a kernel's binary depends on it, so a
+benchmark request carries it to Inductor's tuning process (``binary_knobs()``).
+docs/configuration.md's table is ``docs_table()``.
+
+An assignment is checked as the environment is: an unknown name, or a value of the wrong
+type or one the knob's parser refuses, raises ``ConfigError`` naming it (the module's
+class is ``_CheckedModule``; ``patch`` checks the same way).
 
 The Redis address is Inductor's own (its remote caches read the same variables), so one
 setting serves both.
@@ -25,13 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import enum
 import os
 import re
+import sys
+import types
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .exc import ConfigError
+from .exc import ConfigError, UnknownKnobError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -49,6 +59,12 @@ class Boolean:
         if raw.lower() in _TRUE + _FALSE:
             return raw.lower() in _TRUE
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
+
+    def value(self, value: Any, name: str) -> bool:
+        """An assigned value: True or False."""
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(variable=name, value=value, accepted="True or False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +86,13 @@ class Integer:
             return int(raw)
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
 
+    def value(self, value: Any, name: str) -> int:
+        """An assigned value: an int (not a bool) in range."""
+        if isinstance(value, int) and not isinstance(value, bool) and (
+                self.low <= value <= self.high):
+            return value
+        raise ConfigError(variable=name, value=value, accepted=self.accepted)
+
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
@@ -84,6 +107,12 @@ class Pattern:
         if re.fullmatch(self.regex, raw):
             return raw
         raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
+
+    def value(self, value: Any, name: str) -> str:
+        """An assigned value: text the pattern takes."""
+        if isinstance(value, str):
+            return self(value, name)
+        raise ConfigError(variable=name, value=value, accepted=self.accepted)
 
 
 def check_compile_options(value: str, variable: str) -> str:
@@ -150,8 +179,26 @@ class Text:
     def __call__(self, raw: str, variable: str) -> str:
         return self.check(raw, variable)
 
+    def value(self, value: Any, name: str) -> str:
+        """An assigned value: text the check takes."""
+        if isinstance(value, str):
+            return self(value, name)
+        raise ConfigError(variable=name, value=value, accepted=self.doc)
+
 
 Parser = Boolean | Integer | Pattern | Text
+
+
+class Reach(enum.Flag):
+    """Code of ours that a graph can reach (``inductor/cache_key.py``) and that a knob
+    steers: the GEMM's choices, FlexAttention's, templates a custom lowering offers (a
+    user's, the ``cutedsl::add`` example), and SDPA's choice set."""
+
+    GEMM = enum.auto()
+    FLEX = enum.auto()
+    TEMPLATES = enum.auto()
+    SDPA = enum.auto()  # scaled_dot_product_attention, which ``config.sdpa`` rewrites
+    ALL = GEMM | FLEX | TEMPLATES | SDPA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +210,7 @@ class Knob:
     doc: str
     default_doc: str = ""  # for the docs, where the default depends on the machine
     changes_code: bool = False
+    steers: Reach = Reach.ALL  # whose code it changes, where changes_code
     locates_binary: bool = False
 
     def read(self) -> Any:
@@ -171,6 +219,12 @@ class Knob:
             if raw:
                 return self.parse(raw, variable)
         return self.default
+
+    def check(self, value: Any) -> Any:
+        """An assigned value as the knob takes it, else ``ConfigError`` naming it."""
+        if value is None and self.default is None:
+            return None
+        return self.parse.value(value, f"config.{self.name}")
 
 
 KNOBS: dict[str, Knob] = {}  # name -> Knob, in the order they are defined below
@@ -213,69 +267,69 @@ compile_options: str = _knob(
     "extra options for `cute.compile`", changes_code=True, locates_binary=True)
 gemm_max_configs: int = _knob(
     "gemm_max_configs", "CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", 8, Integer(1, 1024),
-    "GEMM configs the heuristic offers per shape", changes_code=True)
+    "GEMM configs the heuristic offers per shape", changes_code=True, steers=Reach.GEMM)
 gemm_exhaustive: bool = _knob(
     "gemm_exhaustive", "CUTEDSL_INDUCTOR_GEMM_EXHAUSTIVE", False, Boolean(),
-    "offer every GEMM config the kernel can run", changes_code=True)
+    "offer every GEMM config the kernel can run", changes_code=True, steers=Reach.GEMM)
 gemm_pdl: bool = _knob(
     "gemm_pdl", "CUTEDSL_INDUCTOR_GEMM_PDL", False, Boolean(),
     "launch the GEMM with programmatic dependent launch, its setup overlapping the previous "
-    "kernel's end", changes_code=True)
+    "kernel's end", changes_code=True, steers=Reach.GEMM)
 fp8: bool = _knob(
     "fp8", "CUTEDSL_INDUCTOR_FP8", False, Boolean(),
     "offer our FP8 GEMM (e4m3/e5m2, tensorwise or rowwise scales, fast accumulation) in "
     "`torch._scaled_mm`'s lowering next to ATen and Triton (`inductor/scaled_mm.py`; off "
-    "until timed on the GPU)", changes_code=True)
+    "until timed on the GPU)", changes_code=True, steers=Reach.GEMM)
 epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "
-    "into one", changes_code=True)
+    "into one", changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 prologue_fusion: bool = _knob(
     "prologue_fusion", "CUTEDSL_INDUCTOR_PROLOGUE_FUSION", False, Boolean(),
     "fuse a pointwise producer of a GEMM's activation (a cast, a scale, RMSNorm's weight) "
     "into its load path where timing says it pays (templates with `def_prologue`)",
-    changes_code=True)
+    changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 fused_choice_candidates: int = _knob(
     "fused_choice_candidates", "CUTEDSL_INDUCTOR_FUSED_CHOICE_CANDIDATES", 3, Integer(0, 64),
     "our fastest GEMM choices timed again with their epilogue fused (< 2: none)",
-    changes_code=True)
+    changes_code=True, steers=Reach.GEMM | Reach.TEMPLATES)
 flex_attention: bool = _knob(
     "flex_attention", "CUTEDSL_INDUCTOR_FLEX_ATTENTION", False, Boolean(),
     "offer our FlexAttention forward and backward in every flex_attention (and "
     "flex_attention_backward) lowering (one call: "
     "`kernel_options={\"CUTEDSL\": True}`), timed against Inductor's Triton kernel",
-    changes_code=True)
+    changes_code=True, steers=Reach.FLEX)
 flex_max_configs: int = _knob(
     "flex_max_configs", "CUTEDSL_INDUCTOR_FLEX_MAX_CONFIGS", 2, Integer(1, 8),
-    "FlexAttention configs offered per lowering", changes_code=True)
+    "FlexAttention configs offered per lowering", changes_code=True, steers=Reach.FLEX)
 flex_only_ours: bool = _knob(
     "flex_only_ours", "CUTEDSL_INDUCTOR_FLEX_ONLY_OURS", False, Boolean(),
     "where our FlexAttention is switched on, offer it alone (Inductor's Triton choices "
     "dropped; a problem ours refuses fails to compile, naming why): what `bench attention` "
-    "times", changes_code=True)
+    "times", changes_code=True, steers=Reach.FLEX)
 flex_pipelined: bool = _knob(
     "flex_pipelined", "CUTEDSL_INDUCTOR_FLEX_PIPELINED", True, Boolean(),
     "our FlexAttention kernels overlap their softmax with their GEMMs (forward: S_t with "
     "P_{t-1} V; backward dK/dV: P^T with dP^T, dS^T with dV; off: the serial loops, to "
-    "compare)", changes_code=True)
+    "compare)", changes_code=True, steers=Reach.FLEX)
 flex_pingpong: bool = _knob(
     "flex_pingpong", "CUTEDSL_INDUCTOR_FLEX_PINGPONG", True, Boolean(),
     "our FlexAttention forward's two consumer warpgroups take turns issuing their GEMMs "
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
-    "only; faster on every mask timed, docs/measurements.md)", changes_code=True)
+    "only; faster on every mask timed, docs/measurements.md)", changes_code=True,
+    steers=Reach.FLEX)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
     "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "
     "reduce-adds into a zeroed fp32 workspace of B*H*Q_LEN*D floats, then cast), five "
     "GEMMs per tile pair instead of the dQ kernel's three more (off until faster, "
-    "docs/measurements.md)",
-    changes_code=True)
+    "docs/measurements.md)", changes_code=True, steers=Reach.FLEX)
 sdpa: bool = _knob(
     "sdpa", "CUTEDSL_INDUCTOR_SDPA", False, Boolean(),
     "under max-autotune on sm_90, `scaled_dot_product_attention`'s forward and backward are "
     "autotuned over every eligible ATen backend (flash, cuDNN, efficient) and our "
     "FlexAttention kernels (`inductor/sdpa_pass.py`; off until timed on the GPU)",
-    changes_code=True)
+    changes_code=True, steers=Reach.SDPA)
 aot: bool = _knob(
     "aot", "CUTEDSL_INDUCTOR_AOT", False, Boolean(),
     "under Inductor's C++ wrapper (cpp_wrapper, AOTInductor) our choices are offered and the "
@@ -287,7 +341,7 @@ distributed_autotune: bool = _knob(
     "the ranks of a torch.distributed job split the mm nodes to autotune) our GEMM choices "
     "take part, a rank's winner of ours rebuilt on the others and loaded from the kernel "
     "cache (docs/distributed.md; off: not offered for those mm nodes; off until verified on "
-    "several GPUs)", changes_code=True)
+    "several GPUs)", changes_code=True, steers=Reach.GEMM)
 compile_workers: int = _knob(
     "compile_workers", "CUTEDSL_INDUCTOR_COMPILE_WORKERS",
     _HALF_THE_CPUS if _HALF_THE_CPUS >= 2 else 0, Integer(0, _CPUS, high_doc="the CPUs"),
@@ -345,22 +399,31 @@ redis_port: int = _knob(
 
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
-    """Temporarily set knobs: ``with config.patch(disk_cache=False): ...``."""
+    """Temporarily set knobs: ``with config.patch(disk_cache=False): ...`` (each checked
+    as an assignment is)."""
+    checked = {name: knob(name).check(value) for name, value in changes.items()}
     module = globals()
-    unknown = [name for name in changes if name not in KNOBS]
-    if unknown:
-        raise AttributeError(f"unknown cutedsl_inductor config knob(s): {unknown}")
-    saved = {name: module[name] for name in changes}
-    module.update(changes)
+    saved = {name: module[name] for name in checked}
+    module.update(checked)
     try:
         yield
     finally:
         module.update(saved)
 
 
-def snapshot() -> dict[str, Any]:
-    """The knobs that change generated code (goes into Inductor's FX graph cache key)."""
-    return {name: globals()[name] for name, knob in KNOBS.items() if knob.changes_code}
+def knob(name: str) -> Knob:
+    """The knob ``name``, else ``ConfigError`` naming it (and the knobs it is close to)."""
+    if name in KNOBS:
+        return KNOBS[name]
+    close = difflib.get_close_matches(name, KNOBS, n=1)
+    raise UnknownKnobError(name=name, hint=f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def snapshot(reach: Reach = Reach.ALL) -> dict[str, Any]:
+    """The knobs that change the generated code of what ``reach`` names (in Inductor's FX
+    graph cache key of a graph our code reaches)."""
+    return {name: globals()[name] for name, knob in KNOBS.items()
+            if knob.changes_code and knob.steers & reach}
 
 
 def binary_knobs() -> dict[str, Any]:
@@ -378,3 +441,17 @@ def docs_table() -> str:
         default = knob.default_doc or f"`{knob.default!r}`"
         rows.append(f"| `{knob.name}` | {env} | {default} | {knob.parse.doc} | {knob.doc} |")
     return "\n".join(rows)
+
+
+class _CheckedModule(types.ModuleType):
+    """This module, whose attribute assignments are checked: a knob's value by its knob
+    (``Knob.check``), any other name only where the module has it already (a function a
+    test replaces)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in KNOBS or not hasattr(self, name):
+            value = knob(name).check(value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _CheckedModule

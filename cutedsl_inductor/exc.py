@@ -146,6 +146,20 @@ class PortableEntryError(CuteDSLInductorError):
 
 
 class ConfigError(CuteDSLInductorError, ValueError):
-    """A knob's value (an environment variable, a command-line option) is refused."""
+    """A knob's value (an environment variable, an assignment, a command-line option) is
+    refused."""
 
     message = "{variable}={value!r} is not accepted: expected {accepted}"
+
+
+class UnknownKnobError(ConfigError):
+    """An assignment (or ``config.patch``) names no knob."""
+
+    message = ("cutedsl_inductor.config has no knob {name!r}{hint}; "
+               "docs/configuration.md lists them")
+
+
+class CheckTargetError(CuteDSLInductorError):
+    """``cutedsl-inductor check FILE.py:NAME`` names no template it can load."""
+
+    message = "{target!r}: {cause} (expected FILE.py:NAME, NAME a CuteDSLTemplate in FILE.py)"

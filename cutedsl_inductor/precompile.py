@@ -1,7 +1,7 @@
 """Precompile: fill the kernel cache with template choices, on any machine, GPU or not.
 
-Each built-in template module offers ``precompile_choices(scratch)``: the choices that
-torch.compile would generate for representative inputs (symbolic shapes, so one binary
+Each built-in template's module (``catalog.py``) offers ``precompile_choices(scratch)``:
+the choices that torch.compile would generate for representative inputs (symbolic shapes, so one binary
 serves every size of a divisibility class). Their binaries, compiled for ``arch``, are
 exported to the disk cache; a GPU machine that shares (or receives a copy of) the
 cache directory then loads them without compiling. Keys include arch and toolchain
@@ -32,14 +32,8 @@ from typing import Any
 
 from . import config
 from .autotune.scratch import scratch_graph
+from .catalog import BUILTIN_TEMPLATES
 from .runtime.workers import build_in_worker
-
-# short name -> module offering ``precompile_choices(scratch)``
-BUILTIN_TEMPLATES = {
-    "elementwise": "cutedsl_inductor.kernels.elementwise",
-    "gemm": "cutedsl_inductor.kernels.gemm.template",
-}
-
 
 @dataclasses.dataclass
 class PrecompileSummary:
@@ -78,11 +72,10 @@ def precompile(arch: str, templates: tuple[str, ...] = tuple(BUILTIN_TEMPLATES),
     with config.patch(arch=arch, disk_cache=True), scratch_graph() as scratch:
         choices: list[Any] = []
         for name in templates:
-            module = importlib.import_module(BUILTIN_TEMPLATES[name])
-            if name == "gemm" and gemm_shapes:
-                offered = module.precompile_choices(scratch, gemm_shapes)
-            else:
-                offered = module.precompile_choices(scratch)
+            template = BUILTIN_TEMPLATES[name]
+            module = importlib.import_module(template.module)
+            shapes = (gemm_shapes,) if template.takes_shapes and gemm_shapes else ()
+            offered = module.precompile_choices(scratch, *shapes)
             if not offered:
                 summary.silent.append((name, arch))
             choices += offered

@@ -23,21 +23,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def kernel_cache_dir(tmp_path, monkeypatch):
     """A fresh disk cache and an empty in-process cache for every test."""
-    from cutedsl_inductor import config
+    from cutedsl_inductor import config, counters
     from cutedsl_inductor.autotune import retime
-    from cutedsl_inductor.compile import compiler, decisions, remote_cache
+    from cutedsl_inductor.compile import compiler, remote_cache
     from cutedsl_inductor.runtime import workers
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))
     monkeypatch.setattr(config, "remote_cache", False)  # the remote_cache fixture: on
-    monkeypatch.setattr(remote_cache, "stats", dict.fromkeys(remote_cache.stats, 0))
-    monkeypatch.setattr(decisions, "stats", dict.fromkeys(decisions.stats, 0))
+    for group in counters.GROUPS:  # this test's counts alone
+        monkeypatch.setattr(counters, group, type(getattr(counters, group))())
     remote_cache._tier_for.cache_clear()
     monkeypatch.setattr(config, "compile_workers", 0)  # tests/compile/test_workers.py: > 0
     monkeypatch.setattr(compiler, "_COMPILED", {})
     monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
-    monkeypatch.setattr(compiler, "stats", dict.fromkeys(compiler.stats, 0))
-    monkeypatch.setattr(workers, "stats", dict.fromkeys(workers.stats, 0))
     monkeypatch.setattr(workers, "_stopped_unused", False)  # no warm process carried over
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     return tmp_path / "kernels"

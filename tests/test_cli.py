@@ -320,3 +320,51 @@ def test_bench_epilogue_names_the_gemm_configs_of_output_code():
                                        _params(GemmConfig(**cfg), False, 1.0, 0.0))
                      for i, cfg in enumerate((coop, split)))
     assert gemm_configs(code) == "128x256x64 c2x1 coop, 64x128x64 c1x1 1wg k2"
+
+
+SCRIPT = ("import atexit, sys, cutedsl_inductor_cli\n"
+          "atexit.register(lambda: print('IMPORTED', sorted(m for m in ('torch', 'cutlass')"
+          " if m in sys.modules), file=sys.stderr))\n"
+          "sys.exit(cutedsl_inductor_cli.main())\n")
+
+
+@pytest.mark.parametrize("args, says", [(["--help"], "precompile"), (["--version"], "torch"),
+                                        (["cache", "info"], "entries:   0"),
+                                        (["cache", "clear"], "removed 0 entries"),
+                                        (["bench", "--help"], "launch")])
+def test_the_script_answers_without_importing_torch(tmp_path, args, says):
+    """What the ``cutedsl-inductor`` script runs: these answer in a fraction of a second
+    because neither torch nor CuTe DSL is imported (its ``--version`` reads torch's from
+    the installed metadata)."""
+    command = cli_command(*args, cache_dir=tmp_path / "kernels")
+    command["args"] = [sys.executable, "-c", SCRIPT, *args]
+    run = subprocess.run(**command, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert says in run.stdout and "IMPORTED []" in run.stderr
+
+
+def test_a_command_that_compiles_loads_the_package_first(tmp_path):
+    """The script defers the package's load; ``precompile`` loads it (torch, Inductor, our
+    passes) before it compiles, and a name of the package loads it too."""
+    command = cli_command("precompile", "--templates", "elementwise",
+                          cache_dir=tmp_path / "kernels")
+    command["args"] = [sys.executable, "-c", SCRIPT, *command["args"][3:]]
+    run = subprocess.run(**command, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert precompiled(run.stdout) == (9, 0, 0, 0) and "IMPORTED ['cutlass', 'torch']" in run.stderr
+    code = ("import os, cutedsl_inductor_cli, cutedsl_inductor as c\n"
+            "assert not c._loaded and 'torch' not in __import__('sys').modules\n"
+            "c.CuteDSLTemplate\n"
+            "from torch._inductor.codegen import common\n"
+            "print(c._loaded, type(common.custom_backend_passes['cuda']).__name__)\n")
+    env = {**command["env"], "_CUTEDSL_INDUCTOR_DEFER_LOAD": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.stdout.split() == ["True", "SwiGLUPass"], run.stderr[-2000:]
+
+
+def test_the_launcher_and_the_package_agree_on_the_deferral_variable():
+    import cutedsl_inductor
+    import cutedsl_inductor_cli
+
+    assert cutedsl_inductor_cli._DEFER_ENV == cutedsl_inductor.DEFER_ENV

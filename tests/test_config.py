@@ -10,17 +10,19 @@ from pathlib import Path
 import pytest
 
 from cutedsl_inductor import config
-from cutedsl_inductor.exc import ConfigError
+from cutedsl_inductor.exc import ConfigError, UnknownKnobError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def reload_config(monkeypatch):
-    """Re-read the knobs from the environment as set in the test (and again after)."""
+    """Re-read the knobs from the environment as set in the test; after it, the module as
+    it was (its classes too: other modules hold them, e.g. ``config.Reach``)."""
+    saved = dict(vars(config))
     yield lambda: importlib.reload(config)
     monkeypatch.undo()
-    importlib.reload(config)
+    vars(config).update(saved)
 
 
 @pytest.mark.parametrize("raw, value", [("1", True), ("TRUE", True), (" yes ", True),
@@ -130,7 +132,42 @@ def test_every_knob_is_a_module_attribute_read_from_its_variable(monkeypatch, re
         assert getattr(fresh, name) == (5 if name == "fused_choice_candidates" else knob.default)
 
 
-def test_patch_refuses_unknown_knobs():
-    with pytest.raises(AttributeError, match="unknown cutedsl_inductor config knob"):
+def test_an_assignment_to_no_knob_is_refused_naming_it_and_the_closest():
+    with pytest.raises(UnknownKnobError, match=r"no knob 'epilog_fusion' \(did you mean "
+                                                r"'epilogue_fusion'\?\)"):
+        config.epilog_fusion = False
+    assert not hasattr(config, "epilog_fusion") and config.epilogue_fusion is True
+    with pytest.raises(ConfigError, match="no knob 'gemm_max_config'"):
         with config.patch(gemm_max_config=3):
             pass
+
+
+@pytest.mark.parametrize("name, value, accepted", [
+    ("compile_workers", "lots", "an integer from 0 to"),
+    ("compile_workers", True, "an integer from 0 to"),
+    ("gemm_max_configs", 0, "an integer from 1 to 1024"),
+    ("epilogue_fusion", "no", "True or False"),
+    ("disk_cache", 0, "True or False"),
+    ("arch", "sm90", "sm_"),
+    ("compile_options", "--gpu-arch sm_100a", ""),
+    ("cache_dir", 3, ""),
+])
+def test_an_assignment_the_knob_refuses_raises_naming_it(name, value, accepted):
+    before = getattr(config, name)
+    with pytest.raises(ConfigError, match=rf"^config\.{name}={value!r} is not accepted: "
+                                          rf"expected .*{accepted}"):
+        setattr(config, name, value)
+    with pytest.raises(ConfigError, match=rf"config\.{name}="):
+        with config.patch(**{name: value}):
+            pass
+    assert getattr(config, name) == before
+
+
+def test_an_accepted_assignment_holds_until_set_back():
+    with config.patch(gemm_max_configs=3, arch="sm_100a", redis_url=None):
+        assert (config.gemm_max_configs, config.arch) == (3, "sm_100a")
+    config.epilogue_fusion = False
+    try:
+        assert config.snapshot()["epilogue_fusion"] is False
+    finally:
+        config.epilogue_fusion = True

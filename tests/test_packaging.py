@@ -1,9 +1,13 @@
 """What pyproject, the Makefile and the import promise: tested dependency ranges, a
-license, a warning under an untested torch, no phony target without a recipe."""
+license, a warning under an untested torch, no phony target without a recipe; what the
+sdist and the wheel hold (built by setuptools from the tracked files)."""
 
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -55,3 +59,44 @@ def test_every_phony_make_target_has_a_recipe():
     (phony,) = re.findall(r"^\.PHONY:(.*)$", makefile, re.M)
     for target in phony.split():
         assert re.search(rf"^{re.escape(target)}:.*\n\t\S", makefile, re.M), target
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The sdist and the wheel, built by setuptools from a copy of the tracked files."""
+    folder = tmp_path_factory.mktemp("checkout")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, folder / name)
+    names = []
+    for kind in ("sdist", "wheel"):  # a process each: setuptools keeps state between them
+        code = f"from setuptools import build_meta; print(build_meta.build_{kind}('dist'))"
+        run = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        names.append(run.stdout.split()[-1])
+    sdist, wheel = names
+    with tarfile.open(folder / "dist" / sdist) as archive:
+        sdist_names = [name.split("/", 1)[1] for name in archive.getnames() if "/" in name]
+    with zipfile.ZipFile(folder / "dist" / wheel) as archive:
+        return sdist_names, archive.namelist(), archive.read(
+            next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
+
+
+def test_the_sdist_ships_no_tests_and_the_docs_the_readme_links(built):
+    sdist, _, _ = built
+    assert not [name for name in sdist if name.startswith(("tests/", "benchmarks/"))]
+    assert {"README.md", "LICENSE", "pyproject.toml", "docs/configuration.md",
+            "cutedsl_inductor/py.typed", "cutedsl_inductor_cli/__init__.py"} <= set(sdist)
+
+
+def test_the_wheel_is_typed_and_says_where_it_runs(built):
+    _, wheel, metadata = built
+    assert {"cutedsl_inductor/py.typed", "cutedsl_inductor_cli/__init__.py"} <= set(wheel)
+    assert not [name for name in wheel if name.startswith("tests/")]
+    assert "Classifier: Typing :: Typed" in metadata
+    assert "Classifier: Environment :: GPU :: NVIDIA CUDA" in metadata
+    assert re.search(r"^Requires-Dist: transformers; extra == \"bench\"$", metadata, re.M)

@@ -73,3 +73,18 @@ def test_quick_start_on_cpu_tensors_says_why_it_cannot_run(tmp_path):
 def test_quick_start_runs_as_written(tmp_path):
     run = run_quick_start(quick_start_code(), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_gpu_less_route_checks_the_quick_start_template(tmp_path):
+    """The command the quick start gives, on its code down to ``template = ...``."""
+    code = quick_start_code()
+    head = code[:code.index("\n", code.index("template = CuteDSLTemplate("))]
+    (tmp_path / "my_templates.py").write_text(head)
+    (command,) = re.findall(r"\n    (cutedsl-inductor check [^\n]*\\\n[^\n]*)\n",
+                            README.read_text())
+    args = command.replace("\\\n", " ").split()[1:]
+    run = subprocess.run([sys.executable, "-m", "cutedsl_inductor", *args], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.strip().endswith("3 of 3 choice(s) compiled for sm_90a")

@@ -26,8 +26,8 @@ compile of each graph (``compile_fx_inner``: a cache miss's codegen and autotuni
 cached graph's load (``AOTAutogradCache.inductor_load``), the output modules' load
 (``PyCodeCache.load_by_key_path``: it runs our ``load_kernel`` calls and Triton's kernel
 loads), autotuning, and the wait for Triton's compile workers (``async_compile.wait``).
-Ours (``compiler.stats``, ``loader.stats``, ``remote_cache.stats``, ``decisions.stats``,
-``workers.stats``) falls inside the compile.
+Ours (``counters.py``: kernels, loads, the remote tier, decisions, workers) falls inside
+the compile.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autotune.benchmark_request import CuteDSLBenchmarkRequest
-from ..compile import compiler, decisions, remote_backend, remote_cache
-from ..runtime import loader, workers
+from .. import counters
+from ..compile import remote_backend
 
 # column -> the dynamo_timed keys it sums (seconds)
 TORCH_TIMES = {
@@ -72,32 +72,32 @@ TORCH_COUNTS = {
     "fc_aot_cache_misses": ("aot_autograd", "autograd_cache_miss"),
     "fc_triton_bundled": ("inductor", "triton_bundler_read_and_emit_kernel"),
 }
-# column -> (the module whose ``stats`` has it, name): read when used (tests replace them)
+# column -> (its group in ``counters``, name): read when used (tests replace the groups)
 OURS = {
-    "fc_load_kernel_calls": (loader, "calls"),
-    "fc_load_kernel_s": (loader, "seconds"),
-    "fc_cute_memory": (compiler, "memory_hits"),
-    "fc_cute_disk": (compiler, "disk_hits"),
-    "fc_cute_disk_s": (compiler, "disk_load_s"),
-    "fc_cute_remote": (compiler, "remote_hits"),
-    "fc_cute_remote_fetch_s": (compiler, "remote_fetch_s"),
-    "fc_cute_remote_adopt_s": (compiler, "remote_adopt_s"),
-    "fc_cute_compiled": (compiler, "compiled"),
-    "fc_cute_compile_s": (compiler, "compile_s"),
-    "fc_redis_round_trips": (remote_cache, "round_trips"),
-    "fc_redis_bytes_read": (remote_cache, "bytes_read"),
-    "fc_redis_bytes_written": (remote_cache, "bytes_written"),
-    "fc_redis_s": (remote_cache, "seconds"),
-    "fc_decisions_local": (decisions, "local_hits"),
-    "fc_decisions_remote": (decisions, "remote_hits"),
-    "fc_decisions_missed": (decisions, "misses"),
-    "fc_decisions_s": (decisions, "lookup_s"),
-    "fc_workers_started": (workers, "started"),
-    "fc_workers_startup_s": (workers, "startup_s"),
-    "fc_workers_ready_wait_s": (workers, "ready_wait_s"),
-    "fc_workers_queue_wait_s": (workers, "queue_wait_s"),
-    "fc_worker_builds": (workers, "builds"),
-    "fc_worker_build_s": (workers, "build_s"),
+    "fc_load_kernel_calls": ("loads", "calls"),
+    "fc_load_kernel_s": ("loads", "seconds"),
+    "fc_cute_memory": ("kernels", "memory_hits"),
+    "fc_cute_disk": ("kernels", "disk_hits"),
+    "fc_cute_disk_s": ("kernels", "disk_load_s"),
+    "fc_cute_remote": ("kernels", "remote_hits"),
+    "fc_cute_remote_fetch_s": ("kernels", "remote_fetch_s"),
+    "fc_cute_remote_adopt_s": ("kernels", "remote_adopt_s"),
+    "fc_cute_compiled": ("kernels", "compiled"),
+    "fc_cute_compile_s": ("kernels", "compile_s"),
+    "fc_redis_round_trips": ("remote", "round_trips"),
+    "fc_redis_bytes_read": ("remote", "bytes_read"),
+    "fc_redis_bytes_written": ("remote", "bytes_written"),
+    "fc_redis_s": ("remote", "seconds"),
+    "fc_decisions_local": ("decisions", "local_hits"),
+    "fc_decisions_remote": ("decisions", "remote_hits"),
+    "fc_decisions_missed": ("decisions", "misses"),
+    "fc_decisions_s": ("decisions", "lookup_s"),
+    "fc_workers_started": ("workers", "started"),
+    "fc_workers_startup_s": ("workers", "startup_s"),
+    "fc_workers_ready_wait_s": ("workers", "ready_wait_s"),
+    "fc_workers_queue_wait_s": ("workers", "queue_wait_s"),
+    "fc_worker_builds": ("workers", "builds"),
+    "fc_worker_build_s": ("workers", "build_s"),
 }
 # columns made from the others (None where torch keeps no times)
 DERIVED = ("fc_compile_s", "fc_rest_s", "fc_dynamo_s", "fc_autotune_s", "fc_torch_top")
@@ -214,8 +214,8 @@ def _torch_counts() -> dict[tuple[str, str], int] | None:
 
 def _snapshot() -> dict[str, Any]:
     return {"times": _torch_times(), "counts": _torch_counts(),
-            "ours": {column: float(module.stats.get(name, 0))
-                     for column, (module, name) in OURS.items()},
+            "ours": {column: float(getattr(getattr(counters, group), name))
+                     for column, (group, name) in OURS.items()},
             "hooked": {name: list(entry) for name, entry in _hooked.items()}}
 
 

@@ -159,7 +159,7 @@ STARTUP_SCRIPT = textwrap.dedent("""
     start = time.perf_counter()
     import torch
     import cutedsl_inductor
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     x, y = (torch.randn(2048, 2048, device="cuda") for _ in range(2))
@@ -171,14 +171,14 @@ STARTUP_SCRIPT = textwrap.dedent("""
     t1 = time.perf_counter()
     assert torch.equal(out, x + y)
     print(json.dumps({"first_result_s": t1 - t0, "process_s": t1 - start,
-                      "cutlass": "cutlass" in sys.modules, **compiler.stats}))
+                      "cutlass": "cutlass" in sys.modules, **counters.snapshot()["kernels"]}))
 """)
 
 LOAD_SCRIPT = textwrap.dedent("""
     import json, sys, time
     import torch
     from cutedsl_inductor.autotune.scratch import scratch_graph
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import precompile_choices
     with scratch_graph() as scratch:
         choices = precompile_choices(scratch)
@@ -188,7 +188,7 @@ LOAD_SCRIPT = textwrap.dedent("""
         choice.load()
         times.append(time.perf_counter() - t)
     print(json.dumps({"load_ms": [x * 1e3 for x in times], "cutlass": "cutlass" in sys.modules,
-                      **compiler.stats}))
+                      **counters.snapshot()["kernels"]}))
 """)
 
 

@@ -33,6 +33,7 @@ each process's log to ``--out``/logs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -293,6 +294,14 @@ def settle(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench model needs an sm_90 GPU")
+        return 2
+    if importlib.util.find_spec("transformers") is None:
+        print("bench model needs transformers: pip install 'cutedsl-inductor[bench]'")
+        return 2
     rows, failures = run(settle(args))
     print(summary(rows))
     print(profile_table(rows))

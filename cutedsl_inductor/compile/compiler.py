@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..exc import ConfigError, KernelCompileError, format_params
 from . import versions
 from .disk_cache import default_cache, manifest_fields
@@ -52,12 +52,6 @@ log = logging.getLogger(__name__)
 # key -> compiled callable; guarded by COMPILE_LOCK (CuTe's compiler is not re-entrant)
 _COMPILED: dict[str, Any] = {}
 COMPILE_LOCK = threading.RLock()
-# where this process's kernels came from, and the seconds each origin took (benchmarks and
-# tests read it; ``bench/first_call.py``): the remote tier's fetch (one round trip) and
-# adopt (stored on disk, the library linked, loaded) apart
-stats: dict[str, float] = {"compiled": 0, "disk_hits": 0, "disk_misses": 0, "remote_hits": 0,
-                           "memory_hits": 0, "disk_load_s": 0.0, "remote_fetch_s": 0.0,
-                           "remote_adopt_s": 0.0, "compile_s": 0.0}
 
 
 def entry_name(kernel_name: str) -> str:
@@ -98,7 +92,6 @@ def check_cute_arch(arch: str, variable: str) -> str:
 
 
 def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
-    config.check_compile_options(config.compile_options, "cutedsl_inductor.config.compile_options")
     material = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "entry": entry,
@@ -137,14 +130,14 @@ def compile_entry(
     """
     compiled = _COMPILED.get(key)
     if compiled is not None:
-        stats["memory_hits"] += 1
+        counters.kernels.add(memory_hits=1)
         return compiled, "memory"
     with COMPILE_LOCK:
         compiled = _COMPILED.get(key)
         if compiled is not None:
             return compiled, "memory"
         if not config.disk_cache:
-            compiled, origin = _compile(entry_fn, specs, arch, describe), "compiled"
+            compiled, origin = compile_uncached(entry_fn, specs, arch, describe), "compiled"
         else:
             compiled, origin = _through_caches(entry_fn, specs, key, arch, describe)
         _COMPILED[key] = compiled = plain_ffi_function(compiled)
@@ -157,7 +150,7 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
     ``describe``'s manifest fields) has it; else None, and nothing compiled."""
     compiled = _COMPILED.get(key)
     if compiled is not None:
-        stats["memory_hits"] += 1
+        counters.kernels.add(memory_hits=1)
         return compiled, "memory"
     if not config.disk_cache:
         return None
@@ -169,7 +162,7 @@ def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
             loaded, origin = _from_disk(entry, key), "disk"
             function = loaded and loaded.function
             if function is None:
-                stats["disk_misses"] += 1
+                counters.kernels.add(disk_misses=1)
                 function, origin = _from_remote(entry, key, describe), "remote"
         if function is None:
             return None
@@ -199,8 +192,7 @@ def _from_disk(entry: Any, key: str) -> Any:
     loaded = entry.load()
     if loaded is None:
         return None
-    stats["disk_hits"] += 1
-    stats["disk_load_s"] += time.perf_counter() - start
+    counters.kernels.add(disk_hits=1, disk_load_s=time.perf_counter() - start)
     record_artifact("kernel", key, loaded.data, loaded.fields)
     return loaded
 
@@ -212,7 +204,7 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
     start = time.perf_counter()
     fetched = tier.fetch("kernel", key) if tier is not None else None
     fetched_at = time.perf_counter()
-    stats["remote_fetch_s"] += fetched_at - start
+    counters.kernels.add(remote_fetch_s=fetched_at - start)
     if fetched is None:
         return None
     fields = manifest_fields(describe)
@@ -223,8 +215,8 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
                     "compiling it", describe.get("kernel"), type(err).__name__, err)
         return None
     finally:
-        stats["remote_adopt_s"] += time.perf_counter() - fetched_at
-    stats["remote_hits"] += 1
+        counters.kernels.add(remote_adopt_s=time.perf_counter() - fetched_at)
+    counters.kernels.add(remote_hits=1)
     record_artifact("kernel", key, fetched[1], fields)
     return function
 
@@ -239,7 +231,7 @@ def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str
         loaded = _from_disk(entry, key)
         if loaded is not None:
             return loaded.function, "disk"
-        compiled = _compile(entry_fn, specs, arch, describe)
+        compiled = compile_uncached(entry_fn, specs, arch, describe)
         data = export_object(compiled, key)
         if data is not None:
             entry.store(data, fields)
@@ -270,9 +262,11 @@ def compile_error(describe: dict[str, Any], arch: str, err: Exception) -> Kernel
     )
 
 
-def _compile(
+def compile_uncached(
     entry_fn: Callable[..., Any], specs: list[ArgSpec], arch: str, describe: dict[str, Any]
 ) -> Any:
+    """CuTe DSL's compiled function for ``entry_fn`` at ``specs``, from no cache (its
+    ``ir_module`` is the lowered module: ``resources.py`` reads it)."""
     import cutlass.cute as cute
     from cutlass.runtime import make_fake_stream
 
@@ -284,7 +278,6 @@ def _compile(
     except Exception as err:
         raise compile_error(describe, arch, err) from err
     seconds = time.perf_counter() - start
-    stats["compiled"] += 1
-    stats["compile_s"] += seconds
+    counters.kernels.add(compiled=1, compile_s=seconds)
     log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.get("kernel"), arch, seconds)
     return compiled

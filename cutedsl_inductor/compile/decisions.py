@@ -25,6 +25,7 @@ import re
 import time
 from typing import Any
 
+from .. import counters
 from . import versions
 from .cache_files import Folder
 from .disk_cache import KernelDiskCache, default_cache
@@ -38,9 +39,6 @@ FOLDER = "decisions"
 FORMAT = 1
 # the names the store owns in its folder: decisions, and their temp files while written
 _NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.[0-9a-f]{16}\.tmp")
-# this process's lookups: where each was answered, and their seconds in all
-stats: dict[str, float] = {"local_hits": 0, "remote_hits": 0, "misses": 0, "saved": 0,
-                           "lookup_s": 0.0}
 
 
 def decision_key(kind: str, material: Any) -> str:
@@ -55,21 +53,21 @@ def lookup(key: str) -> Any | None:
     try:
         return _lookup(key)
     finally:
-        stats["lookup_s"] += time.perf_counter() - start
+        counters.decisions.add(lookup_s=time.perf_counter() - start)
 
 
 def _lookup(key: str) -> Any | None:
     value = _read(key)
     if value is not None:
-        stats["local_hits"] += 1
+        counters.decisions.add(local_hits=1)
     else:
         tier = default_tier()
         fetched = tier.fetch("decision", key) if tier is not None else None
         value = _value(fetched[1]) if fetched is not None else None
         if value is None:
-            stats["misses"] += 1
+            counters.decisions.add(misses=1)
             return None
-        stats["remote_hits"] += 1
+        counters.decisions.add(remote_hits=1)
         _write(key, value)
     record_artifact("decision", key, _payload(value), {})
     return value
@@ -82,7 +80,7 @@ def save(key: str, value: Any) -> None:
     if tier is not None:
         tier.publish("decision", key, _payload(value), {})
     record_artifact("decision", key, _payload(value), {})
-    stats["saved"] += 1
+    counters.decisions.add(saved=1)
 
 
 def store_verified(key: str, payload: bytes) -> None:

@@ -42,12 +42,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import getpass
 import hashlib
 import json
 import logging
 import os
 import re
 import stat
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -72,9 +75,27 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 def default_root() -> Path:
     if config.cache_dir:
         return Path(config.cache_dir)
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return Path(inductor_cache_dir()) / "cutedsl"
 
-    return Path(cache_dir()) / "cutedsl"
+
+def inductor_cache_dir() -> str:
+    """Inductor's cache folder (its ``cache_dir()``), named as Inductor names it where torch
+    is not imported (``cache info|clear`` answer without it): its variable, else
+    ``torchinductor_<user>`` in the temp folder (tests/compile/test_disk_cache.py pins the
+    two equal)."""
+    if "torch" in sys.modules:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is not None:
+        return os.path.abspath(named)
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 @functools.cache

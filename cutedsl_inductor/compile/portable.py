@@ -39,8 +39,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torch.compiler._cache import CacheArtifactManager
-
 from .. import config
 from ..exc import PortableEntryError
 from . import versions
@@ -133,6 +131,9 @@ def _check(header: dict[str, Any], payload: bytes, key: str, kind: str | None,
 
 def record_artifact(kind: str, key: str, payload: bytes, fields: dict[str, Any]) -> None:
     """Add an entry to what ``torch.compiler.save_cache_artifacts()`` will carry."""
+    # here, not at the top: ``cache info|clear`` import this module and answer without torch
+    from torch.compiler._cache import CacheArtifactManager
+
     blob = pack(kind, key, payload, fields, _secret_or_none())
     CacheArtifactManager.record_artifact(ARTIFACT_TYPE, key, blob)
 

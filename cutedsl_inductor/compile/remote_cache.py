@@ -34,17 +34,11 @@ import threading
 import time
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..exc import PortableEntryError
 from .portable import MAX_ENTRY_BYTES, fleet_secret, pack, unpack
 
 log = logging.getLogger(__name__)
-
-# this process's remote operations (``cache info``, benchmarks and tests read them), with
-# their round trips to the server, the bytes each way and the seconds spent waiting on it
-stats: dict[str, float] = {"hits": 0, "misses": 0, "rejected": 0, "published": 0, "errors": 0,
-                           "round_trips": 0, "bytes_read": 0, "bytes_written": 0,
-                           "seconds": 0.0}
 
 CACHE_ID = "cutedsl-inductor"
 KEY_VERSION = 1
@@ -89,17 +83,16 @@ class RemoteTier:
             self._fault("read", err)
             return None
         finally:
-            stats["round_trips"] += 1
-            stats["seconds"] += time.perf_counter() - start
+            counters.remote.add(round_trips=1, seconds=time.perf_counter() - start)
         if blob is None:
-            stats["misses"] += 1
+            counters.remote.add(misses=1)
             return None
-        stats["bytes_read"] += len(blob)
+        counters.remote.add(bytes_read=len(blob))
         try:
             entry = unpack(blob, key, self.source, self.secret, kind)
         except PortableEntryError as err:
             return self._refused(err)
-        stats["hits"] += 1
+        counters.remote.add(hits=1)
         return entry
 
     def publish(self, kind: str, key: str, payload: bytes, fields: dict[str, Any]) -> None:
@@ -113,10 +106,8 @@ class RemoteTier:
             self._fault("write", err)
             return
         finally:
-            stats["round_trips"] += 1
-            stats["seconds"] += time.perf_counter() - start
-        stats["published"] += 1
-        stats["bytes_written"] += len(value)
+            counters.remote.add(round_trips=1, seconds=time.perf_counter() - start)
+        counters.remote.add(published=1, bytes_written=len(value))
 
     def ping_ms(self) -> float:
         """One round trip to the server (raises what the client raises)."""
@@ -129,14 +120,14 @@ class RemoteTier:
         return f"CuteDSL remote cache {self.address}:"
 
     def _refused(self, err: PortableEntryError) -> None:
-        stats["rejected"] += 1
+        counters.remote.add(rejected=1)
         log.warning("%s; not used (a miss: what it held is made again, and replaces it)",
                     err)
 
     def _fault(self, action: str, err: Exception) -> None:
         import redis
 
-        stats["errors"] += 1
+        counters.remote.add(errors=1)
         reason = f"{type(err).__name__}: {err}"
         if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
             with self._lock:

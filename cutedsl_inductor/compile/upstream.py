@@ -55,14 +55,10 @@ import torch
 from cutlass.base_dsl.runtime.jit_arg_adapters import is_arg_annotation_constexpr
 from cutlass.cute.runtime import _Tensor, from_dlpack
 
-from .. import config
-from . import compiler
+from .. import config, counters
 from .compiler import COMPILE_LOCK, compile_error, compile_options, is_cute_jit, plain_ffi_function
 
 log = logging.getLogger(__name__)
-
-# calls handed to TVM-FFI functions, those compiled, keys that fell back
-stats: dict[str, int] = {"fast_calls": 0, "fast_compiled": 0, "fallbacks": 0}
 
 _SCALARS = (int, float, bool, type(None))
 _MISSING = object()
@@ -212,8 +208,7 @@ def _runtime_positions(fn: Callable[..., Any]) -> tuple[int, tuple[int, ...]] | 
 
 
 def _count_compile(start: float) -> None:
-    compiler.stats["compiled"] += 1
-    compiler.stats["compile_s"] += time.perf_counter() - start
+    counters.kernels.add(compiled=1, compile_s=time.perf_counter() - start)
 
 
 class JitOnce:
@@ -233,7 +228,7 @@ class JitOnce:
         fast = self._fast(args)
         if fast is not None:
             key, values, function = fast
-            stats["fast_calls"] += 1
+            counters.upstream.add(fast_calls=1)
             try:
                 return function(*values)
             except (TypeError, ValueError) as err:  # TVM-FFI's argument checks: no launch
@@ -289,7 +284,7 @@ class JitOnce:
                     cute_key.append(_jit_key(arg))
                 converted.append(arg)
         except Exception:  # the JitExecutor path converts again and raises it
-            stats["fallbacks"] += 1
+            counters.upstream.add(fallbacks=1)
             return None
         key = tuple(cute_key)
         if key not in self._ffi:
@@ -305,11 +300,11 @@ class JitOnce:
             self._fall_back("does not compile with TVM-FFI for these arguments", err)
             return None
         _count_compile(start)
-        stats["fast_compiled"] += 1
+        counters.upstream.add(fast_compiled=1)
         return plain_ffi_function(compiled)
 
     def _fall_back(self, what: str, err: Exception) -> None:
-        stats["fallbacks"] += 1
+        counters.upstream.add(fallbacks=1)
         log.warning("CuteDSL kernel %s: %s %s (%s: %s); they take CuTe's JitExecutor path",
                     self.describe.get("kernel"), getattr(self.fn, "__name__", self.fn), what,
                     type(err).__name__, err)

@@ -32,25 +32,13 @@ from torch._inductor.virtualized import V
 from .. import config
 from ..template.template import CPP_WRAPPER_UNSUPPORTED, cpp_wrapper_refused
 from . import distributed, scaled_mm
-from .cache_key import package_fingerprint
+from .cache_key import cutedsl_gemm_enabled, fingerprint
 
 log = logging.getLogger(__name__)
 
 GEMM_OPS = ("mm", "addmm", "bmm")
 # graph -> (op name, input node ids) already offered in it
 _OFFERED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.WeakKeyDictionary()
-
-
-def cutedsl_gemm_listed() -> bool:
-    """CUTEDSL is among Inductor's GEMM backends (max-autotune may be off)."""
-    backends = [b.strip() for b in inductor_config.max_autotune_gemm_backends.upper().split(",")]
-    return "CUTEDSL" in backends
-
-
-def cutedsl_gemm_enabled() -> bool:
-    return cutedsl_gemm_listed() and bool(
-        inductor_config.max_autotune or inductor_config.max_autotune_gemm
-    )
 
 
 def _first_offer(op_name: str, nodes: list[Any]) -> bool:
@@ -68,9 +56,10 @@ def _warn_once(message: str) -> None:
 
 
 class CuteDSLChoices(InductorChoices):
-    def uuid(self) -> str:
-        """Part of the FX graph cache key (torch 2.13 requires it of a choices class)."""
-        return package_fingerprint("CuteDSLChoices")
+    def uuid(self) -> Any:
+        """Part of the FX graph cache key (torch 2.12 and 2.13 ask a choices class for
+        it): None, as for no class, where the graph reaches nothing of ours."""
+        return fingerprint("CuteDSLChoices")
 
     def get_template_configs(self, kernel_inputs: Any, templates: list[Any], op_name: str,
                              *args: Any, **kwargs: Any) -> list[Any]:

@@ -51,6 +51,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
+
 from .. import config
 from ..exc import ChoiceError, format_params
 
@@ -66,6 +68,21 @@ _OPTION_KEYS = ("SM_SCALE", "SPARSE_Q_BLOCK_SIZE", "SPARSE_KV_BLOCK_SIZE", "HAS_
 @functools.cache
 def _warn_once(message: str) -> None:
     log.warning(message)
+
+
+def switched_on(node: Any) -> bool:
+    """``node`` (an FX node) calls a flex HOP with ours switched on: its kernel options
+    (argument 6 of the forward, 11 of the backward, in dynamo's graph as in AOT's) hold
+    ``CUTEDSL``, or ``config.flex_attention``."""
+    hops = torch.ops.higher_order
+    for name, index in (("flex_attention", _FORWARD_OPTIONS_ARG),
+                        ("flex_attention_backward", _BACKWARD_OPTIONS_ARG)):
+        if hasattr(hops, name) and node.target is getattr(hops, name):
+            options = (node.args[index] if len(node.args) > index
+                       else node.kwargs.get("kernel_options"))
+            return config.flex_attention or (
+                isinstance(options, Mapping) and bool(options.get(OPTION)))
+    return False
 
 
 def _split_options(args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -13,7 +13,8 @@ at the compile's end if it forked no worker, and not started ahead again once a 
 was served from Inductor's caches; ``torch._dynamo.reset()`` clears dynamo's callbacks,
 and the workers then start at the first choice that needs them). Each is a no-op for
 graphs and lists without our choices, so with CUTEDSL off Inductor's output code is what
-it would be without the package; every pass is keyed for the FX graph cache. One change
+it would be without the package; every pass is keyed for the FX graph cache, and only
+where a graph reaches our code (``cache_key``: a CPU graph's key is torch's). One change
 reaches every graph, at run time, not in its code: a warm process reuses its Triton
 kernels' cached coordinate-descent configs instead of tuning them again (``coordesc``:
 where torch 2.11 or Triton's Config pickling loses them; knob ``coordesc_recheck``).
@@ -29,8 +30,8 @@ from torch._inductor.codegen import common
 
 from ..autotune.select import install_clock_settling
 from ..runtime import workers
-from .cache_key import install_cache_key
-from .choices import cutedsl_gemm_listed, install_choices
+from .cache_key import cutedsl_gemm_listed, install_cache_key
+from .choices import install_choices
 from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_distributed_schedule, install_pre_fusion_pass

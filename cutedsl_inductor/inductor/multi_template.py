@@ -44,9 +44,8 @@ runs before our step.
 
 Invariants: a node that our choice does not win, or that fails to benchmark, is left
 untouched for Inductor's own flow; a pass that was set before ours still runs, after it.
-The pass is a custom pass of Inductor's kind (``uuid``: our versions and the knobs that
-change generated code, ``cache_key.package_fingerprint``), so the FX graph cache keeps
-working with it installed; a plain callable set before ours, which Inductor cannot key,
+The pass is a custom pass of Inductor's kind (``uuid``: ``cache_key.fingerprint``), so
+the FX graph cache keeps working with it installed; a plain callable set before ours, which Inductor cannot key,
 is left alone and ours not installed (a warning says so).
 A candidate whose fused kernel fails to compile or run is skipped (logged); if none is
 timed, our plain-time winner stays.
@@ -70,7 +69,7 @@ from ..compile.specs import Workspace
 from ..runtime.loader import load_kernel
 from ..template.caller import CuteDSLTemplateCaller
 from . import distributed, prologue
-from .cache_key import package_fingerprint
+from .cache_key import fingerprint
 from .scheduling import CuteDSLScheduling, fusion_estimate_ms, render_kernel
 
 try:  # torch 2.13 keys a scheduler pass of this kind into the FX graph cache
@@ -96,7 +95,7 @@ class PreFusionPass(SchedulerPass):
 
     def uuid(self) -> Any:
         previous = self.previous.uuid() if self.previous is not None else None
-        return package_fingerprint("PreFusionPass", previous)
+        return fingerprint("PreFusionPass", previous)
 
 
 def finalize_step(nodes: list[Any]) -> dict[str, CuteDSLTemplateCaller]:

@@ -1,8 +1,9 @@
 """SwiGLU as one GEMM: ``silu(x @ w_gate) * (x @ w_up)`` in a single kernel.
 
 Fusing the multiply into the second GEMM's epilogue still writes ``silu(x @ w_gate)``
-to memory and reads it back, and runs two kernels. ``SwiGLUPass``, a post-grad graph
-pass (Inductor's ``post_grad_custom_post_pass``, installed by ``install()``), replaces
+to memory and reads it back, and runs two kernels. ``SwiGLUPass``, the CUDA backend's
+post-grad pass (Inductor's ``custom_backend_passes["cuda"]``, run on graphs with a CUDA
+tensor; installed by ``install()``, keyed by ``cache_key.fingerprint``), replaces
 the pattern with the custom op ``cutedsl::swiglu_mm(x, w_gate, w_up)``, whose lowering
 autotunes the GEMM template's two-weight configs (``swiglu_choices``) against an ATen
 fallback (two cuBLAS GEMMs and in-place silu and multiply, ``cutedsl_swiglu_mm_aten``).
@@ -40,7 +41,7 @@ import math
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor.select_algorithm import ExternKernelChoice
 
 from .. import config
@@ -48,8 +49,7 @@ from ..autotune.retime import choice_calls, fastest_in_rounds, recording_timings
 from ..autotune.select import autotune_select_algorithm
 from ..compile.compiler import target_arch
 from ..template.caller import CuteDSLTemplateCaller
-from .cache_key import package_fingerprint
-from .choices import cutedsl_gemm_enabled
+from .cache_key import cutedsl_gemm_enabled, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -242,34 +242,29 @@ def rewrite_swiglu(graph: torch.fx.Graph) -> int:
     return rewritten
 
 
-class SwiGLUPass(CustomGraphPass):
+class SwiGLUPass(CustomGraphModulePass):
     """``rewrite_swiglu`` where enabled, then the pass that was installed before ours."""
 
-    def __init__(self, previous: Any = None) -> None:
+    def __init__(self, previous: CustomGraphModulePass | None = None) -> None:
         self.previous = previous
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
         if config.epilogue_fusion and cutedsl_gemm_enabled():
-            rewrite_swiglu(graph)
+            rewrite_swiglu(gm.graph)
         if self.previous is not None:
-            self.previous(graph)
+            self.previous(gm)
 
     def uuid(self) -> Any:
-        """None (Inductor then bypasses its FX graph cache, as for that pass alone) where
-        the pass before ours is a plain callable, which has no identity to key on."""
-        if self.previous is None:
-            return package_fingerprint("SwiGLUPass", None)
-        previous = getattr(self.previous, "uuid", None)
-        return package_fingerprint("SwiGLUPass", previous()) if previous else None
+        return fingerprint("SwiGLUPass", self.previous.uuid() if self.previous else None)
 
 
 def install_swiglu() -> None:
     """Install ``SwiGLUPass`` and the lowering of ``cutedsl::swiglu_mm`` (idempotent)."""
-    from torch._inductor import config as inductor_config
+    from torch._inductor.codegen import common
     from torch._inductor.lowering import lowerings, register_lowering
 
-    current = inductor_config.post_grad_custom_post_pass
+    current = common.custom_backend_passes.get("cuda")
     if not isinstance(current, SwiGLUPass):
-        inductor_config.post_grad_custom_post_pass = SwiGLUPass(current)
+        common.custom_backend_passes["cuda"] = SwiGLUPass(current)
     if torch.ops.cutedsl.swiglu_mm.default not in lowerings:
         register_lowering(torch.ops.cutedsl.swiglu_mm.default)(lower_swiglu_mm)

@@ -48,6 +48,7 @@ from ..compile.compiler import (
 )
 from ..compile.exported import ExportedKernel, exported_kernel
 from ..compile.specs import ArgSpec, ScalarSpec
+from .. import counters
 from ..exc import GeneratedCodeError, NotExportableError, format_params
 from .wrapper import CuteDSLKernelWrapper, InductorEntryWrapper, TVMFFIKernelWrapper
 
@@ -58,9 +59,6 @@ kernel_code_log = torch._logging.getArtifactLogger("torch._inductor.cutedsl_indu
 
 # sha256 of a source -> the module executed from it
 _MODULES: dict[str, types.ModuleType] = {}
-# this process's load_kernel calls and their seconds in all, whatever each kernel's origin
-# (the compiler's stats split them; ``bench/first_call.py`` reads both)
-stats: dict[str, float] = {"calls": 0, "seconds": 0.0}
 
 
 def write_source(source: str) -> tuple[str, str]:
@@ -128,8 +126,7 @@ def load_kernel(
     try:
         return _load(kernel_name, source, specs, template, params, path, inductor)
     finally:
-        stats["calls"] += 1
-        stats["seconds"] += time.perf_counter() - start
+        counters.loads.add(calls=1, seconds=time.perf_counter() - start)
 
 
 def load_exported(kernel_name: str, source: str, specs: list[ArgSpec], *,

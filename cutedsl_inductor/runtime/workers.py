@@ -47,7 +47,7 @@ Failure semantics (every wait on a worker is bounded: ``config.compile_worker_ti
 Without a disk cache it can write (none, or one used read-only) a worker could hand
 nothing back: none is used.
 
-``stats`` counts what the workers cost this process: workers started and their seconds
+``counters.workers`` counts what the workers cost this process: workers started and their seconds
 from spawn to ready (each says when it was ready), the seconds callers waited for a
 worker to be ready and for one to be free, and the builds and their round trips.
 """
@@ -62,7 +62,7 @@ import threading
 import time
 from typing import Any
 
-from .. import config
+from .. import config, counters
 from ..compile import compiler
 from ..compile.compiler import entry_name
 from ..compile.disk_cache import default_cache, default_root
@@ -73,16 +73,6 @@ from .zygote import Build, Failed, NotStarted, Worker, Zygote
 log = logging.getLogger(__name__)
 
 
-# what the module docstring says; "started" counts the workers that said they were ready
-stats: dict[str, float] = {"started": 0, "startup_s": 0.0, "ready_wait_s": 0.0,
-                           "queue_wait_s": 0.0, "builds": 0, "build_s": 0.0}
-_STATS_LOCK = threading.Lock()
-
-
-def _count(**added: float) -> None:
-    with _STATS_LOCK:
-        for name, value in added.items():
-            stats[name] += value
 
 
 # idle workers, how many are running and the zygote that forks them (guarded by _LOCK);
@@ -241,16 +231,17 @@ def _build_in_a_worker(request: Any, build: Build) -> str | None:
 
 
 def _run(worker: Worker, build: Build) -> Any:
-    """``build`` in ``worker`` (waited for until ready first), counted in ``stats``."""
+    """``build`` in ``worker`` (waited for until ready first), counted in
+    ``counters.workers``."""
     timeout_s = config.compile_worker_timeout_s
     if worker.pid is None:
         start = time.perf_counter()
         ready_at = worker.wait_until_ready(timeout_s)
-        _count(started=1, startup_s=max(ready_at - worker.spawned_at, 0.0),
-               ready_wait_s=time.perf_counter() - start)
+        counters.workers.add(started=1, startup_s=max(ready_at - worker.spawned_at, 0.0),
+                             ready_wait_s=time.perf_counter() - start)
     start = time.perf_counter()
     reply = worker.build(build, timeout_s)
-    _count(builds=1, build_s=time.perf_counter() - start)
+    counters.workers.add(builds=1, build_s=time.perf_counter() - start)
     return reply
 
 
@@ -383,7 +374,7 @@ def _acquire(arch: str) -> Worker:
                 return worker
         start = time.perf_counter()
         worker = _IDLE.get()  # waits for a busy one
-        _count(queue_wait_s=time.perf_counter() - start)
+        counters.workers.add(queue_wait_s=time.perf_counter() - start)
         if worker.arch == arch:
             return worker
         worker.close()  # compiles for another arch

@@ -62,6 +62,7 @@ import time
 import traceback
 from typing import Any, NamedTuple
 
+from ..catalog import BUILTIN_TEMPLATES
 from ..exc import CuteDSLInductorError
 
 READY = "ready"
@@ -69,11 +70,11 @@ READY = "ready"
 WORKER_ENV = "_CUTEDSL_INDUCTOR_COMPILE_WORKER"
 # what the zygote imports for every fork: the loader and compiler, our cache artifacts'
 # type (a compile records its kernel as one), the CuTe DSL modules that kernel bodies use
-# and the GEMM's body
+# and what the built-in templates' kernels import (the GEMM's body: ``catalog.py``)
 PRELOAD = ("cutedsl_inductor.runtime.loader", "cutedsl_inductor.compile.artifacts",
            "cutlass.cute", "cutlass.pipeline",
            "cutlass.utils.hopper_helpers", "cutlass.cute.nvgpu.warpgroup",
-           "cutedsl_inductor.kernels.gemm.sm90_gemm", "cutedsl_inductor.kernels.gemm.views")
+           *(name for template in BUILTIN_TEMPLATES.values() for name in template.preload))
 # what the zygote process runs; its argument is its control socket's descriptor
 ZYGOTE_SOURCE = f"import sys; from {__name__} import zygote; zygote(int(sys.argv[1]))"
 

@@ -10,18 +10,18 @@ import pytest
 import torch
 from torch._inductor import ir
 
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 from cutedsl_inductor.kernels.gemm.config import GemmConfig
 from cutedsl_inductor.kernels.gemm.template import gemm_choices
 from tests.helpers import make_input
 
 LOAD_IN_A_NEW_PROCESS = """
 import pickle, sys
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 with open(sys.argv[1], "rb") as f:
     request = pickle.load(f)
 request.load()
-print(compiler.stats["compiled"], compiler.stats["disk_hits"])
+print(counters.kernels.compiled, counters.kernels.disk_hits)
 """
 
 
@@ -48,7 +48,7 @@ def test_a_new_process_rebuilds_the_choice_from_its_request(graph, tmp_path):
     assert run.returncode == 0, run.stderr
     # the knobs travelled with it: the child found the parent's binary, compiled nothing
     assert run.stdout.split() == ["0", "1"]
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 def test_a_choice_failing_in_inductors_tuning_process_says_why_there(graph, capfd):

@@ -4,7 +4,7 @@ them all into the kernel cache."""
 from cutedsl_inductor import config
 from cutedsl_inductor.bench.sweep import sweep_configs
 from cutedsl_inductor.cli import main
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 from cutedsl_inductor.kernels.gemm.heuristic import pick_configs
 
 
@@ -25,4 +25,4 @@ def test_precompile_builds_every_swept_config(capsys):
     out = capsys.readouterr().out
     assert "256x512x128 nt: 2 configs compiled or cached" in out
     assert "256x512x128 nn: 2 configs compiled or cached" in out and "0 failure(s)" in out
-    assert compiler.stats["compiled"] == 4  # a binary per config and layout of B
+    assert counters.kernels.compiled == 4  # a binary per config and layout of B

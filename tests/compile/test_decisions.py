@@ -1,9 +1,10 @@
 """Tuning decisions persisted: sealed in the local cache, fetched from and published to a
 real redis-server, cleared by ``cache clear``; an edited one is not used."""
 
+import dataclasses
 import json
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import decisions
 from cutedsl_inductor.compile.disk_cache import default_cache
@@ -15,8 +16,9 @@ def test_a_decision_is_kept_locally_and_sealed(kernel_cache_dir):
     assert decisions.lookup(KEY) is None
     decisions.save(KEY, {"winner": "b"})
     assert decisions.lookup(KEY) == {"winner": "b"}
-    seconds = decisions.stats.pop("lookup_s")
-    assert decisions.stats == {"local_hits": 1, "remote_hits": 0, "misses": 1, "saved": 1}
+    counts = dataclasses.asdict(counters.decisions)
+    seconds = counts.pop("lookup_s")
+    assert counts == {"local_hits": 1, "remote_hits": 0, "misses": 1, "saved": 1}
     assert 0 < seconds < 5  # the two lookups
     stored = json.loads((kernel_cache_dir / "decisions" / f"{KEY}.json").read_text())
     assert stored["key"] == KEY and stored["value"] == {"winner": "b"} and stored["mac"]
@@ -49,10 +51,10 @@ def test_another_machine_fetches_it_and_keeps_it(remote_redis, tmp_path, monkeyp
     assert remote_redis.keys() == [f"pt2:cutedsl-inductor::decision:{KEY}:c1"]
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "b"))
     assert decisions.lookup(KEY) == {"winner": "b"}
-    assert decisions.stats["remote_hits"] == 1
+    assert counters.decisions.remote_hits == 1
     remote_redis.client.flushall()
     assert decisions.lookup(KEY) == {"winner": "b"}  # from b's local cache now
-    assert decisions.stats["local_hits"] == 1
+    assert counters.decisions.local_hits == 1
 
 
 def test_cache_clear_removes_the_decisions(kernel_cache_dir, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import compiler, versions
 from cutedsl_inductor.compile.disk_cache import default_cache
@@ -44,19 +44,19 @@ def entry_files(cache_dir):
 
 def test_miss_compiles_and_stores_then_a_new_process_loads(graph, kernel_cache_dir):
     fresh_process_load(graph)
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
     (manifest,) = default_cache().entries()
     assert manifest["template"] == "elementwise_add" and manifest["arch"] == "sm_90a"
     assert manifest["params"] == {"THREADS": "128", "VECTOR": "4"}
     fresh_process_load(graph)
-    assert (compiler.stats["compiled"], compiler.stats["disk_hits"]) == (1, 1)
+    assert (counters.kernels.compiled, counters.kernels.disk_hits) == (1, 1)
 
 
 def test_same_process_reuses_the_compiled_function(graph):
     first = add_choice(graph).load()
     second = add_choice(graph).load()
     assert first.kernel_fn is second.kernel_fn
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 @pytest.mark.parametrize("change", ["arch", "versions", "params", "options"])
@@ -71,7 +71,7 @@ def test_key_changes_rebuild(graph, monkeypatch, change):
         monkeypatch.setattr(config, "compile_options", "--opt-level 2")
     kwargs = {"threads": 256} if change == "params" else {}
     fresh_process_load(graph, **kwargs)
-    assert compiler.stats["compiled"] == 2
+    assert counters.kernels.compiled == 2
     assert len(default_cache().entries()) == 2
 
 
@@ -112,22 +112,22 @@ def test_unusable_entries_are_removed_and_rebuilt(graph, kernel_cache_dir, caplo
     else:
         damaged.unlink()
     fresh_process_load(graph)
-    assert compiler.stats["compiled"] == 2 and compiler.stats["disk_hits"] == 0
+    assert counters.kernels.compiled == 2 and counters.kernels.disk_hits == 0
     assert "removing unusable CuteDSL cache entry" in caplog.text
     fresh_process_load(graph)
-    assert compiler.stats["disk_hits"] == 1
+    assert counters.kernels.disk_hits == 1
 
 
 CONCURRENT_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.fx
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
-    from cutedsl_inductor.compile import compiler, versions
+    from cutedsl_inductor import counters
     from tests.compile.test_disk_cache import add_choice
     g = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
     with V.set_graph_handler(g):
         add_choice(g).load()
-    print(compiler.stats["compiled"], compiler.stats["disk_hits"])
+    print(counters.kernels.compiled, counters.kernels.disk_hits)
 """)
 
 
@@ -182,7 +182,7 @@ def test_a_forged_entry_never_loads(graph, kernel_cache_dir, caplog, forgery):
         manifest.write_text(json.dumps(fields))
     compiler._COMPILED.clear()
     add_choice(graph, threads=256, dtype=torch.float16).load()
-    assert compiler.stats["compiled"] == 3 and compiler.stats["disk_hits"] == 0
+    assert counters.kernels.compiled == 3 and counters.kernels.disk_hits == 0
     reason = "key differs" if forgery == "renamed_entry" else "seal does not verify"
     assert "removing unusable CuteDSL cache entry" in caplog.text and reason in caplog.text
 
@@ -215,7 +215,7 @@ def test_the_bytes_verified_are_the_bytes_loaded(graph, kernel_cache_dir, monkey
     monkeypatch.setattr(tvm_ffi, "load_module",
                         recording(tvm_ffi.load_module) if via == "library" else refusing)
     fresh_process_load(graph)
-    assert compiler.stats["disk_hits"] == 1
+    assert counters.kernels.disk_hits == 1
     ((path, data, folder_mode),) = loaded
     assert kernel_cache_dir not in path.parents and folder_mode == 0o700
     assert data == obj.with_suffix(".so" if via == "library" else ".o").read_bytes()
@@ -306,3 +306,21 @@ def test_clear_leaves_an_entry_being_written(graph, kernel_cache_dir, capsys):
     out = capsys.readouterr().out
     assert "removed 0 entries" in out and "1 being written now were left" in out
     assert all(p.exists() for p in entry_paths(kernel_cache_dir, key))
+
+
+def test_without_torch_the_cache_folder_is_the_one_inductor_names(tmp_path):
+    """``cache info|clear`` answer without torch: they name Inductor's folder as Inductor
+    does, with its variable and without."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    code = ("import sys; from cutedsl_inductor.compile.disk_cache import default_root\n"
+            "print(default_root(), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "CUTEDSL_INDUCTOR_CACHE_DIR")}
+    env.update(_CUTEDSL_INDUCTOR_DEFER_LOAD="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    for variable, expected in [(None, default_cache_dir()), ("rel", str(tmp_path / "rel"))]:
+        if variable is not None:
+            env["TORCHINDUCTOR_CACHE_DIR"] = variable
+        run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.stdout.split() == [str(Path(expected) / "cutedsl"), "False"], run.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import compiler
 from tests.compile.test_disk_cache import add_choice, entry_paths, key_of, snapshot
@@ -35,7 +35,7 @@ def test_a_cache_dir_that_is_a_file_compiles_in_memory(graph, tmp_path, monkeypa
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "file"))
     load_fresh(graph, 128)
     load_fresh(graph, 256)
-    assert compiler.stats["compiled"] == 2
+    assert counters.kernels.compiled == 2
     (warning,) = cache_warnings(caplog)
     assert "is not a folder; kernels compile in memory" in warning
     assert (tmp_path / "file").read_text() == "not a folder"
@@ -51,7 +51,7 @@ def test_an_entry_path_that_is_a_directory(graph, kernel_cache_dir, caplog, suff
     warnings = cache_warnings(caplog)
     assert any("could not store a kernel" in w for w in warnings)
     load_fresh(graph)  # the entry cannot be stored: compiled again, no more warnings
-    assert compiler.stats["compiled"] == 2 and cache_warnings(caplog) == warnings
+    assert counters.kernels.compiled == 2 and cache_warnings(caplog) == warnings
     assert cli_main(["cache", "clear"]) == 0  # and clear passes it by
     assert path.is_dir()
 
@@ -65,7 +65,7 @@ def test_a_lock_that_is_a_symlink_is_not_followed(graph, kernel_cache_dir, tmp_p
     lock.unlink()
     lock.symlink_to(target)
     load_fresh(graph)
-    assert compiler.stats["disk_hits"] == 1  # verified and loaded without the lock
+    assert counters.kernels.disk_hits == 1  # verified and loaded without the lock
     (warning,) = cache_warnings(caplog)
     assert "could not lock an entry" in warning
     assert target.read_text() == "keep me" and lock.is_symlink()
@@ -78,7 +78,7 @@ def test_an_untrusted_secret_turns_the_cache_off(graph, kernel_cache_dir, caplog
     (kernel_cache_dir / "secret").chmod(0o666)
     disk_cache._cache_for.cache_clear()  # opened anew, as by a new process
     load_fresh(graph)
-    assert compiler.stats["compiled"] == 2 and compiler.stats["disk_hits"] == 0
+    assert counters.kernels.compiled == 2 and counters.kernels.disk_hits == 0
     (warning,) = cache_warnings(caplog)
     assert "untrusted secret (writable by every user" in warning
 
@@ -89,7 +89,7 @@ LOAD_STEPS = """
 import json, logging, sys, torch, torch.fx
 from torch._inductor.graph import GraphLowering
 from torch._inductor.virtualized import V
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler
 from tests.compile.test_disk_cache import add_choice
 
@@ -101,13 +101,13 @@ results = []
 graph = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
 with V.set_graph_handler(graph):
     for cache_dir, threads in json.loads(sys.argv[1]):
-        before, warnings[:] = dict(compiler.stats), []
+        before, warnings[:] = counters.snapshot()["kernels"], []
         with config.patch(cache_dir=cache_dir):
             for t in threads:
                 compiler._COMPILED.clear()
                 add_choice(graph, threads=t).load()
-        results.append({"compiled": compiler.stats["compiled"] - before["compiled"],
-                        "disk_hits": compiler.stats["disk_hits"] - before["disk_hits"],
+        results.append({"compiled": counters.kernels.compiled - before["compiled"],
+                        "disk_hits": counters.kernels.disk_hits - before["disk_hits"],
                         "warnings": list(warnings)})
 print(json.dumps(results))
 """

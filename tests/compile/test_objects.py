@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import tvm_ffi
 
-from cutedsl_inductor.compile import compiler, objects
+from cutedsl_inductor import counters
+from cutedsl_inductor.compile import objects
 from tests.compile.test_disk_cache import fresh_process_load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,4 +69,4 @@ def test_where_nothing_links_entries_hold_the_object_and_load_through_cute_dsl(
     assert cc is None or "cannot find -lcute_dsl_runtime" in caplog.text
     assert list(Path(kernel_cache_dir).glob("*/*.so")) == []
     wrapper = fresh_process_load(graph)
-    assert compiler.stats["disk_hits"] == 1 and isinstance(wrapper.kernel_fn, tvm_ffi.Function)
+    assert counters.kernels.disk_hits == 1 and isinstance(wrapper.kernel_fn, tvm_ffi.Function)

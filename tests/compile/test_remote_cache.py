@@ -2,9 +2,11 @@
 template: a local miss is fetched, verified, stored locally and loaded; a compile
 publishes; a fleet secret seals what is published and refuses what is not sealed."""
 
+import dataclasses
+
 import pytest
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler, portable, remote_cache, versions
 from cutedsl_inductor.compile.disk_cache import default_cache
 from tests.compile.test_disk_cache import add_choice, key_of
@@ -23,20 +25,21 @@ def test_a_compile_publishes_and_another_machine_loads_it(graph, remote_redis, t
     assert first.origin == "compiled" and remote_redis.keys() == [
         f"pt2:cutedsl-inductor::kernel:{key_of(add_choice(graph))}:c1"]
     second = load_on(graph, monkeypatch, tmp_path / "b")
-    assert second.origin == "remote" and compiler.stats["compiled"] == 1
+    assert second.origin == "remote" and counters.kernels.compiled == 1
     (entry,) = default_cache().entries()  # stored, and sealed under b's own secret
     assert entry["verified"] and entry["template"] == "elementwise_add"
     assert entry["params"] == {"THREADS": "128", "VECTOR": "4"}
     assert load_on(graph, monkeypatch, tmp_path / "b").origin == "disk"
-    traffic = {name: remote_cache.stats.pop(name) for name in
+    counts = dataclasses.asdict(counters.remote)
+    traffic = {name: counts.pop(name) for name in
                ("round_trips", "bytes_read", "bytes_written", "seconds")}
-    assert remote_cache.stats == {"hits": 1, "misses": 1, "rejected": 0, "published": 1,
+    assert counts == {"hits": 1, "misses": 1, "rejected": 0, "published": 1,
                                   "errors": 0}
     # a's miss and publication, b's fetch of what a published (the bytes it wrote)
     assert traffic["round_trips"] == 3 and traffic["bytes_read"] == traffic["bytes_written"] > 0
     assert 0 < traffic["seconds"] < 5
-    assert compiler.stats["compile_s"] > 0 and compiler.stats["remote_adopt_s"] > 0
-    assert compiler.stats["remote_fetch_s"] > 0
+    assert counters.kernels.compile_s > 0 and counters.kernels.remote_adopt_s > 0
+    assert counters.kernels.remote_fetch_s > 0
 
 
 def test_the_value_is_a_portable_entry_bound_to_its_key(graph, remote_redis, tmp_path,
@@ -79,7 +82,7 @@ def test_under_a_fleet_secret_entries_are_sealed_and_only_sealed_ones_load(
     assert load_on(graph, monkeypatch, tmp_path / "b").origin == "remote"
     fleet_secret("other", "another fleet's secret, 32 bytes")
     assert load_on(graph, monkeypatch, tmp_path / "c").origin == "compiled"
-    assert compiler.stats["compiled"] == 3 and remote_cache.stats["rejected"] == 2
+    assert counters.kernels.compiled == 3 and counters.remote.rejected == 2
 
 
 def test_a_fleet_secret_that_cannot_be_used_turns_the_tier_off(

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import portable, remote_cache, versions
 from cutedsl_inductor.compile.remote_cache import default_tier, redis_key
 from tests.compile.test_disk_cache import add_choice, key_of
@@ -39,7 +39,7 @@ def test_redis_down_compiles_with_one_warning_and_stops_asking(graph, redis_serv
     assert "off for the rest of this process" in warning
     assert load_on(graph, monkeypatch, tmp_path / "b", threads=256).origin == "compiled"
     assert remote_warnings(caplog) == [warning] and default_tier().off is not None
-    assert remote_cache.stats["errors"] == 1  # the second load asked nothing
+    assert counters.remote.errors == 1  # the second load asked nothing
 
 
 def test_a_slow_redis_waits_at_most_the_timeout_once(graph, remote_redis, tmp_path,
@@ -107,7 +107,7 @@ def test_an_entry_that_does_not_verify_is_a_miss_and_is_replaced(
     assert load_on(graph, monkeypatch, tmp_path / "b").origin == "compiled"
     (warning,) = remote_warnings(caplog)
     assert f"refused: {reason}" in warning
-    assert remote_cache.stats["rejected"] == 1
+    assert counters.remote.rejected == 1
     assert remote_redis.client.get(name) == good  # republished by the compile
 
 

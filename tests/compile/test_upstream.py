@@ -14,7 +14,8 @@ import tvm_ffi
 import cutlass
 import cutlass.cute as cute
 from cutedsl_inductor import CuteDSLTemplate, config
-from cutedsl_inductor.compile import compiler, upstream
+from cutedsl_inductor import counters
+from cutedsl_inductor.compile import upstream
 from cutedsl_inductor.compile.upstream import JitOnce, TensorRecord, record_dlpack
 from cutedsl_inductor.exc import KernelCompileError
 from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE
@@ -57,7 +58,7 @@ def launch_without_a_gpu(entry, error=RuntimeError):
 
 @pytest.fixture(autouse=True)
 def fresh_stats(monkeypatch):
-    monkeypatch.setattr(upstream, "stats", dict.fromkeys(upstream.stats, 0))
+    monkeypatch.setattr(counters, "upstream", counters.UpstreamCounts())
     monkeypatch.setattr(config, "upstream_fast_path", True)
 
 
@@ -135,7 +136,7 @@ def test_a_tensor_dlpack_refuses_takes_the_jit_path_and_raises_from_dlpacks_erro
     with pytest.raises(Exception) as ours:
         jit(record_dlpack(tensor), *others, cuda.CUstream(0))
     assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
-    assert not jit.compiled and compiler.stats["compiled"] == 0
+    assert not jit.compiled and counters.kernels.compiled == 0
 
 
 def test_records_compile_one_tvm_ffi_function_per_torch_signature(graph):
@@ -145,17 +146,17 @@ def test_records_compile_one_tvm_ffi_function_per_torch_signature(graph):
     a, b, c = (torch.randn(64, 128) for _ in range(3))
     function = jit.fast_function((*records(a, b, c), stream))
     assert isinstance(function, tvm_ffi.Function)
-    assert compiler.stats["compiled"] == upstream.stats["fast_compiled"] == 1
+    assert counters.kernels.compiled == counters.upstream.fast_compiled == 1
     assert list(jit.fast) == [((torch.float32, (64, 128), (128, 1), torch.device("cpu"), torch.strided,
                                False, False, (None, False), ()),) * 3 + (cuda.CUstream,)]
     again = tuple(torch.randn(64, 128) for _ in range(3))
     assert jit.fast_function((*records(*again), cuda.CUstream(7))) is function
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
     transposed = torch.randn(128, 64).t()
     assert jit.fast_function((*records(transposed, b, c), stream)) is not function
     half = tuple(x.half() for x in (a, b, c))
     jit.fast_function((*records(*half), stream))
-    assert compiler.stats["compiled"] == upstream.stats["fast_compiled"] == 3
+    assert counters.kernels.compiled == counters.upstream.fast_compiled == 3
     assert not jit.compiled  # the JitExecutor path compiled nothing
     # the binary has static strides, and TVM-FFI checks them before launching anything
     with pytest.raises(ValueError, match="Mismatched mA"):
@@ -168,7 +169,7 @@ def test_marked_records_share_one_function_across_shapes(graph):
     functions = {jit.fast_function((*(record_dlpack(t).mark_layout_dynamic() for t in ts),
                                     cuda.CUstream(0))) for ts in tensors.values()}
     assert len(jit.fast) == 2 and len(functions) == 1 and None not in functions
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 def test_a_pointer_without_the_claimed_alignment_takes_the_jit_path(graph):
@@ -188,22 +189,22 @@ def test_cute_tensors_take_the_jit_path(graph):
     assert jit.fast_function((a, b, c, cuda.CUstream(0))) is None
     mixed = (*records(torch.randn(64, 128), torch.randn(64, 128)), c, cuda.CUstream(0))
     assert jit.fast_function(mixed) is None
-    assert not jit.fast and compiler.stats["compiled"] == 0
+    assert not jit.fast and counters.kernels.compiled == 0
 
 
 @no_gpu
 def test_the_entry_launches_through_tvm_ffi(graph):
     entry, jit = load(graph, UPSTREAM_ADD_SOURCE, name="upstream_entry")
     launch_without_a_gpu(entry)
-    assert upstream.stats["fast_calls"] == 1 and len(jit.fast) == 1 and not jit.compiled
+    assert counters.upstream.fast_calls == 1 and len(jit.fast) == 1 and not jit.compiled
 
 
 @no_gpu
 def test_an_entry_that_uses_a_record_takes_the_jit_path(graph):
     entry, jit = load(graph, TOUCHING_SOURCE, name="upstream_touching")
     launch_without_a_gpu(entry, Exception)
-    assert len(jit.compiled) == 1 and compiler.stats["compiled"] == 1
-    assert not jit.fast and upstream.stats["fast_compiled"] == upstream.stats["fast_calls"] == 0
+    assert len(jit.compiled) == 1 and counters.kernels.compiled == 1
+    assert not jit.fast and counters.upstream.fast_compiled == counters.upstream.fast_calls == 0
 
 
 @no_gpu
@@ -211,7 +212,7 @@ def test_constexpr_and_runtime_scalars_reach_tvm_ffi(graph):
     entry, jit = load(graph, scalar_source("input_a.shape[0]"), name="upstream_scalars")
     assert jit._positions == (6, (0, 1, 2, 3, 5))  # the Constexpr is not passed
     launch_without_a_gpu(entry)
-    assert upstream.stats["fast_calls"] == 1
+    assert counters.upstream.fast_calls == 1
     key = next(iter(jit.fast))
     assert key[4:] == ((int, 128), (int, 64))
 
@@ -227,7 +228,7 @@ def test_what_tvm_ffi_refuses_at_a_call_falls_back_to_the_jit_path(graph, caplog
             with pytest.raises(Exception, match=LAUNCH_FAILS):
                 entry(a, b, out, stream=0)
     assert caplog.text.count("does not take these arguments through TVM-FFI") == 1
-    assert upstream.stats["fallbacks"] == 1 and upstream.stats["fast_calls"] == 1
+    assert counters.upstream.fallbacks == 1 and counters.upstream.fast_calls == 1
     assert list(jit.fast.values()) == [None] and len(jit.compiled) == 1
 
 
@@ -242,7 +243,7 @@ def test_a_compile_error_is_raised_by_the_jit_path_once_the_fast_path_fell_back(
     assert "'upstream_broken'" in message and "THREADS_PER_BLOCK=128" in message
     assert ".py" in message and "no_such_attribute" in message
     assert caplog.text.count("does not compile with TVM-FFI") == 1
-    assert upstream.stats["fallbacks"] == 1 and list(jit.fast.values()) == [None]
+    assert counters.upstream.fallbacks == 1 and list(jit.fast.values()) == [None]
 
 
 def test_without_the_knob_the_module_keeps_from_dlpack_and_no_call_is_recorded(graph, monkeypatch):

@@ -48,7 +48,7 @@ def one_choice_lowering(template, **params):
 
 
 def test_one_choice_end_to_end():
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import add_template
 
     x, y = (torch.randn(257, 129, device="cuda") for _ in range(2))
@@ -57,12 +57,12 @@ def test_one_choice_end_to_end():
     torch.testing.assert_close(result, x + y, rtol=0, atol=0)
     assert "load_kernel(\n    'cutedsl_elementwise_add_" in code and "@cute.kernel" in code
     assert "# kernel path: " in code
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 def test_upstream_template_runs_unchanged_and_compiles_once():
     from cutedsl_inductor import CuteDSLTemplate
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE
 
     template = CuteDSLTemplate("upstream_add_e2e", UPSTREAM_ADD_SOURCE)
@@ -72,7 +72,7 @@ def test_upstream_template_runs_unchanged_and_compiles_once():
         for _ in range(3):
             result = compiled(x, y)
     torch.testing.assert_close(result, x + y, rtol=0, atol=0)
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 def test_autotune_among_three_choices():
@@ -104,12 +104,13 @@ def test_a_kernel_loaded_from_its_shared_library_runs_on_the_current_stream(grap
     """Loaded through TVM-FFI from the disk cache's library (no CuTe DSL on that path):
     it launches on the caller's stream and computes what the compiled one does."""
     from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from tests.compile.test_disk_cache import add_choice
 
     add_choice(graph, shape=(4096, 512)).load()  # compiled, stored with its library
     compiler._COMPILED.clear()
     wrapper = add_choice(graph, shape=(4096, 512)).load()
-    assert wrapper.origin == "disk" and compiler.stats["disk_hits"] == 1
+    assert wrapper.origin == "disk" and counters.kernels.disk_hits == 1
     x, y = (torch.randn(4096, 512, device="cuda") for _ in range(2))
     out = torch.empty_like(x)
     side = torch.cuda.Stream()
@@ -145,7 +146,7 @@ def test_wrong_argument_is_a_clear_error():
 
 WARM_SCRIPT = textwrap.dedent("""
     import torch
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     torch.manual_seed(0)
@@ -153,7 +154,7 @@ WARM_SCRIPT = textwrap.dedent("""
     with torch._inductor.config.patch(max_autotune=False):
         out = torch.compile(torch.ops.cutedsl.add)(x, y)
     assert torch.equal(out, x + y)
-    print("compiled", compiler.stats["compiled"])
+    print("compiled", counters.kernels.compiled)
 """)
 
 
@@ -188,7 +189,7 @@ def test_another_machine_compiles_nothing(tmp_path, share, request):
     """Separate Inductor and kernel caches: the second machine gets the graph and the
     kernel through Inductor's remote FX graph cache and our remote tier on one Redis, or
     through the first one's cache artifacts (loaded after importing cutedsl_inductor).
-    Compiles stay in the process (no compile workers), where ``compiler.stats`` counts them."""
+    Compiles stay in the process (no compile workers), where ``counters.kernels`` counts them."""
     env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": str(int(share == "redis")),
            "CUTEDSL_INDUCTOR_COMPILE_WORKERS": "0"}
     if share == "redis":
@@ -213,7 +214,7 @@ def test_another_machine_compiles_nothing(tmp_path, share, request):
 
 
 def test_dynamic_shapes_share_one_binary():
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import add_template
 
     with one_choice_lowering(add_template, THREADS=128, VECTOR=4):
@@ -221,7 +222,7 @@ def test_dynamic_shapes_share_one_binary():
         for rows in (64, 96, 1000, 4096):
             x, y = (torch.randn(rows, 256, device="cuda") for _ in range(2))
             torch.testing.assert_close(compiled(x, y), x + y, rtol=0, atol=0)
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 LOGS_SCRIPT = textwrap.dedent("""

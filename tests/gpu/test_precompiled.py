@@ -22,7 +22,7 @@ EXAMPLE = textwrap.dedent("""
     import json
     import sys
     import torch
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
     from cutedsl_inductor.kernels.elementwise import register_add_op
     register_add_op()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -31,7 +31,7 @@ EXAMPLE = textwrap.dedent("""
         with torch._inductor.config.patch(max_autotune=True, fx_graph_cache=False):
             out = torch.compile(torch.ops.cutedsl.add)(x, y)
         torch.testing.assert_close(out, x + y, rtol=0, atol=0)
-    print(json.dumps({**compiler.stats, "cutlass": "cutlass" in sys.modules}))
+    print(json.dumps({**counters.snapshot()["kernels"], "cutlass": "cutlass" in sys.modules}))
 """)
 
 

@@ -14,14 +14,12 @@ SHAPE = (4096, 512)
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    from cutedsl_inductor.compile import upstream
+    from cutedsl_inductor import config, counters
 
-    from cutedsl_inductor import config
-
-    monkeypatch.setattr(upstream, "stats", dict.fromkeys(upstream.stats, 0))
+    monkeypatch.setattr(counters, "upstream", counters.UpstreamCounts())
     monkeypatch.setattr(config, "upstream_fast_path", True)
     torch._dynamo.reset()
-    yield upstream.stats
+    yield counters.upstream
     torch._dynamo.reset()
 
 
@@ -62,7 +60,7 @@ def delayed_inputs(*tensors):
 
 
 def test_in_a_compiled_graph_it_launches_through_tvm_ffi_and_matches_torch(fresh):
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
 
     with torch._inductor.config.patch(fx_graph_cache=False, max_autotune=False), \
             one_choice_lowering(template("upstream_graph"), THREADS_PER_BLOCK=256):
@@ -71,7 +69,7 @@ def test_in_a_compiled_graph_it_launches_through_tvm_ffi_and_matches_torch(fresh
             x, y = (torch.randn(SHAPE, device="cuda") for _ in range(2))
             torch.testing.assert_close(fn(x, y), x + y, rtol=0, atol=0)
     assert fresh["fast_calls"] == 3 and fresh["fast_compiled"] == 1 and not fresh["fallbacks"]
-    assert compiler.stats["compiled"] == 1  # nothing on the JitExecutor path
+    assert counters.kernels.compiled == 1  # nothing on the JitExecutor path
 
 
 def test_in_a_compiled_graph_it_launches_on_the_current_side_stream(fresh):

@@ -52,24 +52,25 @@ def scenario(name, rank, workdir, redis_port):
         lowered,
         virtual_sm90,
     )
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
 
     folder = f"kernels{rank}" if name == "redis" else "kernels"
     knobs = dict(distributed_autotune=name != "off", epilogue_fusion=name != "disk",
                  gemm_max_configs=1, compile_workers=0, cache_dir=os.path.join(workdir, folder),
                  remote_cache=name == "redis", redis_url=None, redis_host="127.0.0.1",
                  redis_port=redis_port)
-    before = dict(compiler.stats)
+    before = counters.snapshot()["kernels"]
     with virtual_sm90(), config.patch(**knobs), inductor_config.patch(
             max_autotune=True, max_autotune_gemm_backends="ATEN,CUTEDSL",
             distributed_max_autotune_gemm=True), distributed_autotune.graph_context(), \
             lowered(chained_gemms, *SHAPES[name], dtype=torch.bfloat16) as graph:
         tuned = autotune_here(graph, ATEN_WINS.get(name, set()))
         code = graph.codegen()[0].value
-        compiled_while_tuning = compiler.stats["compiled"] - before["compiled"]
+        compiled_while_tuning = counters.kernels.compiled - before["compiled"]
         definitions = kernel_definitions(code)
         load_kernels(definitions)
-    counts = {k: compiler.stats[k] - before[k] for k in ("compiled", "disk_hits", "remote_hits")}
+    counts = {k: getattr(counters.kernels, k) - before[k]
+              for k in ("compiled", "disk_hits", "remote_hits")}
     return {"tuned": tuned, "kernels": sorted(d.targets[0].id for d in definitions),
             "compiled_while_tuning": compiled_while_tuning, **counts}
 

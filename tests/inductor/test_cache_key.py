@@ -1,6 +1,8 @@
-"""Inductor's FX graph cache keeps working with the package imported: our passes are
-keyed (``uuid``), not bypassed, with CUTEDSL among the GEMM backends or not, and a second
-process hits the graph the first one compiled (CPU graphs, real Inductor)."""
+"""Our part of Inductor's FX graph cache key: only graphs our code reaches carry it.
+Importing the package, a knob and an upgrade of ours change no key of a graph they cannot
+change (real Inductor compiles of CPU graphs in fresh processes, hitting each other's
+cache entries); a CUDA graph that reaches our GEMM, FlexAttention or a custom lowering is
+keyed by our versions and the knobs that steer it (keys of fake CUDA graphs, GPU-less)."""
 
 import json
 import os
@@ -11,96 +13,184 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.codecache import compiled_fx_graph_hash
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention.flex_attention import flex_attention
 
 import cutedsl_inductor
 from cutedsl_inductor import config
+from cutedsl_inductor.compile import versions
+from cutedsl_inductor.config import Reach
+from cutedsl_inductor.inductor.cache_key import reach
 
 ROOT = Path(__file__).resolve().parents[2]
 
 COMPILE_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
-    import cutedsl_inductor
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 
-    if sys.argv[1] == "on":
+    mode = sys.argv[1]
+    if mode != "plain":
+        import cutedsl_inductor
+    if mode == "knobs":
+        cutedsl_inductor.config.epilogue_fusion = False
+        cutedsl_inductor.config.gemm_max_configs = 3
+    if sys.argv[2] == "listed":
         inductor_config.max_autotune = True
         inductor_config.max_autotune_gemm_backends = "ATEN,TRITON,CUTEDSL"
-        cutedsl_inductor.config.epilogue_fusion = True
 
     def block(x, w, b):
         return torch.nn.functional.gelu(x @ w.t() + b) * 2
 
-    x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
+    x, w, b = torch.randn(64, 32, requires_grad=True), torch.randn(48, 32), torch.randn(48)
     out = torch.compile(block)(x, w, b)
+    out.sum().backward()
     torch.testing.assert_close(out, block(x, w, b))
-    print(json.dumps(dict(counters["inductor"])))
+    print(json.dumps({**counters["inductor"], **counters["aot_autograd"]}))
 """)
 
 
-def run_compile(cache_dir, cutedsl):
+def run_compile(cache_dir, mode, backends="unlisted"):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
-    run = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, cutedsl], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+    run = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, mode, backends], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("cutedsl", ["on", "off"])
-def test_a_second_process_hits_the_fx_graph_cache(tmp_path, cutedsl):
-    cold = run_compile(tmp_path, cutedsl)
-    assert cold.get("fxgraph_cache_miss") == 1 and not cold.get("fxgraph_cache_bypass")
-    warm = run_compile(tmp_path, cutedsl)
-    assert warm.get("fxgraph_cache_hit") == 1
-    assert not warm.get("fxgraph_cache_miss") and not warm.get("fxgraph_cache_bypass")
+def assert_warm(counts):
+    """Forward and backward from the FX graph cache, the pair from AOTAutograd's."""
+    assert counts.get("fxgraph_cache_hit") == 2 and counts.get("autograd_cache_hit") == 1
+    assert not counts.get("fxgraph_cache_miss") and not counts.get("fxgraph_cache_bypass")
+
+
+@pytest.mark.parametrize("backends", ["unlisted", "listed"])
+def test_a_cpu_graph_compiled_without_the_package_is_warm_with_it_and_its_knobs(
+        tmp_path, backends):
+    cold = run_compile(tmp_path, "plain", backends)
+    assert cold.get("fxgraph_cache_miss") == 2 and not cold.get("fxgraph_cache_bypass")
+    assert_warm(run_compile(tmp_path, "imported", backends))
+    assert_warm(run_compile(tmp_path, "knobs", backends))
+
+
+def fake_cuda(*shape):
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return torch.empty(shape, device="cuda")
 
 
 GRAPH = torch.fx.symbolic_trace(lambda x: x + 1)
-EXAMPLE = [torch.ones(4)]
 
 
-def fx_graph_cache_key():
-    from torch._inductor.codecache import compiled_fx_graph_hash
-
-    key, _ = compiled_fx_graph_hash(GRAPH, EXAMPLE, {}, [])
-    return key
+def key(example=None):
+    return compiled_fx_graph_hash(GRAPH, [fake_cuda(4) if example is None else example],
+                                  {}, [])[0]
 
 
-def test_our_passes_are_installed_and_keyed():
+@pytest.fixture
+def gemm_listed():
+    with torch._inductor.config.patch(max_autotune=True,
+                                      max_autotune_gemm_backends="ATEN,TRITON,CUTEDSL"):
+        yield
+
+
+@pytest.fixture
+def another_version(monkeypatch):
+    other = {**versions.toolchain_versions(), "cutedsl_inductor sources": "edited"}
+    return lambda: monkeypatch.setattr(versions, "toolchain_versions", lambda: other)
+
+
+@pytest.mark.parametrize("knob, value", [("epilogue_fusion", False), ("gemm_max_configs", 3),
+                                         ("gemm_exhaustive", True), ("arch", "sm_100a"),
+                                         ("compile_options", "--opt-level 2")])
+def test_a_cuda_graph_reaching_our_gemm_is_keyed_by_the_knobs_that_steer_it(
+        gemm_listed, knob, value):
+    before = key()
+    assert key() == before
+    with config.patch(**{knob: value}):
+        assert key() != before
+    with config.patch(flex_max_configs=1):  # steers FlexAttention only
+        assert key() == before
+    assert key() == before
+
+
+def test_a_cuda_graph_reaching_our_gemm_is_keyed_by_our_versions(gemm_listed, another_version):
+    before = key()
+    another_version()
+    assert key() != before
+
+
+@pytest.mark.parametrize("device, backends", [("cpu", "ATEN,TRITON,CUTEDSL"),
+                                             ("cpu", "ATEN,TRITON"),
+                                             ("cuda", "ATEN,TRITON")])
+def test_a_graph_reaching_nothing_of_ours_has_torchs_key(device, backends, another_version):
+    """A CPU graph (CUTEDSL listed or not), a CUDA graph without CUTEDSL: no knob or
+    version of ours is in its key."""
+    example = fake_cuda(4) if device == "cuda" else torch.ones(4)
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends=backends):
+        before = key(example)
+        with config.patch(epilogue_fusion=False, gemm_max_configs=3, arch="sm_100a",
+                          flex_attention=True):
+            assert key(example) == before
+        another_version()
+        assert key(example) == before
+
+
+def dynamo_graph(fn, *args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def test_reach_finds_flex_attention_switched_on_in_a_cuda_graph(monkeypatch):
+    q = torch.randn(1, 1, 128, 16)
+    on = dynamo_graph(lambda q: flex_attention(q, q, q, kernel_options={"CUTEDSL": True}), q)
+    off = dynamo_graph(lambda q: flex_attention(q, q, q), q)
+    assert reach(on, [fake_cuda(1, 1, 128, 16)]) == Reach.FLEX
+    assert reach(on, [q]) == Reach(0)  # a CPU graph
+    assert reach(off, [fake_cuda(1, 1, 128, 16)]) == Reach(0)
+    monkeypatch.setattr(config, "flex_attention", True)
+    assert reach(off, [fake_cuda(1, 1, 128, 16)]) == Reach.FLEX
+
+
+@torch.library.custom_op("cutedsl_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+twice.register_fake(lambda x: torch.empty_like(x))
+
+
+def test_reach_finds_an_op_lowered_outside_torch():
+    """Where a lowering of the user's is registered, a template of theirs may serve it."""
+    from torch._inductor.lowering import register_lowering
+
+    graph = dynamo_graph(lambda x: torch.ops.cutedsl_test.twice(x) + 1, torch.ones(4))
+    assert reach(graph, [fake_cuda(4)]) == Reach(0)  # torch's fallback lowers it
+    register_lowering(torch.ops.cutedsl_test.twice.default)(lambda x: x)
+    assert reach(graph, [fake_cuda(4)]) == Reach.TEMPLATES
+
+
+def test_our_passes_are_installed_and_keyed(gemm_listed):
     from torch._inductor import config as inductor_config
+    from torch._inductor.codegen import common
 
     from cutedsl_inductor.inductor.multi_template import PreFusionPass
     from cutedsl_inductor.inductor.swiglu import SwiGLUPass
 
     cutedsl_inductor.install()
     assert isinstance(inductor_config._pre_fusion_custom_pass, PreFusionPass)
-    assert isinstance(inductor_config.post_grad_custom_post_pass, SwiGLUPass)
+    assert isinstance(common.custom_backend_passes["cuda"], SwiGLUPass)
+    assert inductor_config.post_grad_custom_post_pass is None  # torch's, untouched
     assert inductor_config._pre_fusion_custom_pass.uuid()
-    assert inductor_config.post_grad_custom_post_pass.uuid()
-
-
-@pytest.mark.parametrize("knob, value", [("epilogue_fusion", False), ("gemm_max_configs", 3),
-                                         ("gemm_exhaustive", True), ("arch", "sm_100a"),
-                                         ("compile_options", "--opt-level 2")])
-def test_the_key_changes_with_knobs_that_change_generated_code(knob, value):
-    cutedsl_inductor.install()
-    before = fx_graph_cache_key()
-    assert fx_graph_cache_key() == before
-    with config.patch(**{knob: value}):
-        assert fx_graph_cache_key() != before
-    assert fx_graph_cache_key() == before
-
-
-def test_the_key_changes_with_our_versions(monkeypatch):
-    from cutedsl_inductor.compile import versions
-
-    cutedsl_inductor.install()
-    before = fx_graph_cache_key()
-    other = {**versions.toolchain_versions(), "cutedsl_inductor": "0.0.0-other"}
-    monkeypatch.setattr(versions, "toolchain_versions", lambda: other)
-    assert fx_graph_cache_key() != before
+    assert common.custom_backend_passes["cuda"].uuid()
 
 
 CODE_SCRIPT = textwrap.dedent("""

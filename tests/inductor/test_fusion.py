@@ -11,7 +11,7 @@ from torch._inductor import ir
 from torch._inductor.scheduler import Scheduler
 
 from cutedsl_inductor import config
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
 from tests.helpers import (
@@ -49,11 +49,11 @@ def test_block_fuses_into_the_gemm_and_its_kernels_compile(block, max_autotune):
     assert len(definitions) == (2 if block == "swiglu" else 1)
     fused = [d for d in definitions if "_epilogue(" in ast.unparse(d)]
     assert len(fused) == 1
-    compiled_while_fusing = compiler.stats["compiled"]
+    compiled_while_fusing = counters.kernels.compiled
     load_kernels(fused)
     # the scheduler compiled the fused kernel before fusing; the output code reuses it
-    assert compiled_while_fusing >= 1 and compiler.stats["compiled"] == compiled_while_fusing
-    assert compiler.stats["memory_hits"] >= 1
+    assert compiled_while_fusing >= 1 and counters.kernels.compiled == compiled_while_fusing
+    assert counters.kernels.memory_hits >= 1
 
 
 def test_fusion_is_off_unless_configured(max_autotune):

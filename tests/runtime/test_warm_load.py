@@ -24,7 +24,7 @@ WARM = r'''
 import ast, json, sys
 import torch
 import cutedsl_inductor
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 from cutedsl_inductor.exc import KernelArgumentError
 
 module = ast.parse(open(sys.argv[1]).read())
@@ -45,7 +45,7 @@ print(json.dumps({
                   for w in kernels.values()],
     "origins": [w.origin for w in kernels.values()],
     "refused": refused,
-    "stats": compiler.stats,
+    "stats": counters.snapshot()["kernels"],
 }))
 '''
 

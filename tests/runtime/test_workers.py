@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cutedsl_inductor import CuteDSLTemplate, config
+from cutedsl_inductor import CuteDSLTemplate, config, counters
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.exc import CompileWorkerError, KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
@@ -37,7 +37,7 @@ def test_workers_compile_what_inductors_threads_precompile(graph, two_workers):
         list(pool.map(lambda choice: choice.precompile(), choices))
     assert [c.failure for c in choices] == [None, None, None]
     # this process compiled nothing: it loaded what the workers left in the disk cache
-    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 3
+    assert counters.kernels.compiled == 0 and counters.kernels.disk_hits == 3
 
 
 def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_workers,
@@ -68,7 +68,7 @@ def test_a_worker_builds_into_the_cache_asked_for_not_from_its_memory(graph, two
     compiler._COMPILED.clear()
     (again,) = add_choices(graph, (64,))
     assert workers.build_in_worker(again.bmreq) == "compiled"
-    assert again.load().origin == "disk" and compiler.stats["compiled"] == 0
+    assert again.load().origin == "disk" and counters.kernels.compiled == 0
 
 
 def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
@@ -88,7 +88,7 @@ def test_a_cache_used_read_only_sends_nothing_to_workers(graph, two_workers, ker
     (choice,) = add_choices(graph, (128,))
     choice.precompile()
     assert choice.failure is None and workers._running == 0
-    assert compiler.stats["compiled"] == 1
+    assert counters.kernels.compiled == 1
 
 
 def test_a_compile_error_in_a_worker_comes_back_in_full(graph, two_workers):
@@ -99,7 +99,7 @@ def test_a_compile_error_in_a_worker_comes_back_in_full(graph, two_workers):
     assert isinstance(choice.failure, KernelCompileError)
     message = str(choice.failure)
     assert "'broken_in_worker'" in message and "TILE=16" in message and ".py" in message
-    assert compiler.stats["compiled"] == 0  # not compiled again here
+    assert counters.kernels.compiled == 0  # not compiled again here
 
 
 DYING_SOURCE = r'''
@@ -122,7 +122,7 @@ def test_a_kernel_that_kills_every_worker_is_dropped_and_they_are_replaced(graph
     assert "'dies_in_worker'" in str(dying.failure) and "TILE=8" in str(dying.failure)
     (healthy,) = add_choices(graph, (64,))
     healthy.precompile()
-    assert healthy.failure is None and compiler.stats["disk_hits"] == 1
+    assert healthy.failure is None and counters.kernels.disk_hits == 1
 
 
 # the first worker that builds it (or every one, without a marker) stops itself, as a
@@ -167,7 +167,7 @@ def test_a_worker_that_stops_answering_is_killed_and_its_kernel_built_in_another
     start = time.monotonic()
     choice.precompile()
     assert choice.failure is None and time.monotonic() - start < 60
-    assert compiler.stats["compiled"] == 0  # built in the other worker, loaded from disk
+    assert counters.kernels.compiled == 0  # built in the other worker, loaded from disk
     (stopped,) = stopped_pids(tmp_path)
     assert caplog.text.count(f"(pid {stopped}) did not answer within 3 s") == 1
     wait_until(lambda: process_state(stopped) is None, 10, "the stopped worker is still there")
@@ -178,7 +178,7 @@ def test_a_kernel_that_stops_every_worker_is_dropped(graph, short_timeout, tmp_p
     choice.precompile()
     assert isinstance(choice.failure, CompileWorkerError)
     assert "in a second worker too" in str(choice.failure) and "3 s" in str(choice.failure)
-    assert compiler.stats["compiled"] == 0  # not tried here, where it would hang this process
+    assert counters.kernels.compiled == 0  # not tried here, where it would hang this process
     for pid in stopped_pids(tmp_path):
         wait_until(lambda: process_state(pid) is None, 10, "a stopped worker is still there")
 
@@ -193,7 +193,7 @@ def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process
     choice = CuteDSLTemplate("fails_in_worker_only", source).generate(
         input_nodes=inputs, layout=make_layout((64, 128)), THREADS=128, VECTOR=4)
     choice.precompile()
-    assert choice.failure is None and compiler.stats["compiled"] == 1
+    assert choice.failure is None and counters.kernels.compiled == 1
     assert "only in a worker" in caplog.text and "compiling it in this process" in caplog.text
 
 
@@ -214,7 +214,7 @@ def test_workers_that_cannot_start_leave_every_compile_to_this_process(
     first.precompile()
     second.precompile()
     assert first.failure is None and second.failure is None
-    assert compiler.stats["compiled"] == 2  # here
+    assert counters.kernels.compiled == 2  # here
     assert caplog.text.count("compile workers cannot start") == 1
     wait_until(lambda: not zombie_children(), 10, "a dead zygote was not reaped")
 
@@ -234,7 +234,7 @@ def test_prefetched_choices_build_when_made_and_their_precompile_loads_them(
     with ThreadPoolExecutor(3) as pool:
         list(pool.map(lambda choice: choice.precompile(), choices))
     assert [c.failure for c in choices] == [None, None, None]
-    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 3
+    assert counters.kernels.compiled == 0 and counters.kernels.disk_hits == 3
 
 
 def test_without_prefetch_a_made_choice_builds_nothing(graph, two_workers):
@@ -255,7 +255,7 @@ def test_a_build_under_way_is_waited_for_not_started_again(graph, two_workers):
         replies = list(pool.map(lambda _: build(), range(2)))
     assert sorted(replies, key=str) == [None, "compiled"]  # one worker built it, once
     choice.load()
-    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 1
+    assert counters.kernels.compiled == 0 and counters.kernels.disk_hits == 1
 
 
 def test_a_prefetch_whose_knobs_changed_is_dropped(graph, two_workers, monkeypatch):
@@ -277,11 +277,11 @@ def test_the_first_choice_to_build_starts_the_workers_ahead(graph, two_workers):
         list(pool.map(lambda choice: choice.precompile(), (first, second)))
     assert [first.failure, second.failure] == [None, None]
     assert workers._running == 2  # the same two workers built both
-    assert compiler.stats["compiled"] == 0 and compiler.stats["disk_hits"] == 2
+    assert counters.kernels.compiled == 0 and counters.kernels.disk_hits == 2
     # what they cost, as the first-call breakdown reports it
-    stats = workers.stats
-    assert stats["started"] == 2 and stats["builds"] == 2
-    assert stats["startup_s"] > 0 and stats["build_s"] > 0 and stats["ready_wait_s"] >= 0
+    stats = counters.workers
+    assert stats.started == 2 and stats.builds == 2
+    assert stats.startup_s > 0 and stats.build_s > 0 and stats.ready_wait_s >= 0
 
 
 def test_a_choice_already_built_starts_no_worker(graph, monkeypatch):

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.compile.disk_cache import default_cache
 from cutedsl_inductor.precompile import precompile
@@ -62,7 +62,7 @@ def test_precompiling_while_workers_are_stopped_and_killed(graph, kernel_cache_d
             entries = default_cache().entries()
             assert len(entries) == 9 and all(entry["verified"] for entry in entries)
             assert f"(pid {struck[0]}) did not answer within {TIMEOUT_S} s" in caplog.text
-            assert compiler.stats["compiled"] == 0  # every kernel built in a worker
+            assert counters.kernels.compiled == 0  # every kernel built in a worker
     finally:
         workers.shutdown()
     wait_until(lambda: all(process_state(pid) is None for pid in seen), 30,

@@ -103,7 +103,7 @@ def choice_for(graph, score_mod=None, mask_mod=None, bare=False, guard=False,
                score_dtype=torch.float32):
     """A compiled choice of the probe template for one mod (the score_mod, or else the
     mask_mod); its source. ``bare``: the subgraph as the bare ComputedBuffer."""
-    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor import counters
 
     score_gm, mask_gm, score_caps, mask_caps = traced(score_mod, mask_mod)
     scores = make_input(graph, "scores", (B, H, S, S))
@@ -117,9 +117,9 @@ def choice_for(graph, score_mod=None, mask_mod=None, bare=False, guard=False,
     choice = template.generate(input_nodes=[scores, *inputs], layout=make_layout((B, H, S, S)),
                                subgraphs=[subgraph.body if bare else subgraph], SEQ=S,
                                MASK=mask_mod is not None, GUARD=guard)
-    compiled = compiler.stats["compiled"]
+    compiled = counters.kernels.compiled
     wrapper = choice.load()  # compiles for sm_90a, with TVM-FFI
-    assert compiler.stats["compiled"] == compiled + 1
+    assert counters.kernels.compiled == compiled + 1
     assert isinstance(wrapper.kernel_fn, tvm_ffi.Function)
     return choice.source
 

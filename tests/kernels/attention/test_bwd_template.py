@@ -13,8 +13,7 @@ import pytest
 import torch
 from torch._inductor import ir
 
-from cutedsl_inductor import config
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile.specs import Workspace
 from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
 from tests.helpers import make_input, make_layout
@@ -154,9 +153,9 @@ def test_the_kernels_compile(graph, dtype, head_dim, mods):
     choices = []
     assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
     assert len(choices) >= 1
-    compiled = compiler.stats["compiled"]
+    compiled = counters.kernels.compiled
     choices[0].load()  # sm_90a, TVM-FFI
-    assert compiler.stats["compiled"] == compiled + 1
+    assert counters.kernels.compiled == compiled + 1
     kernel = choices[0].source.split("@cute.jit\ndef cutedsl_sm90_flex_attention_bwd")[0]
     if mods in ("alibi", "document"):
         assert "captures[0][" in kernel
@@ -267,9 +266,9 @@ def test_captured_grads_compile(graph, dtype, head_dim, learnable):
     assert views[int(slot)] == f"arg_input_{len(nodes) - 1}"
     if learnable == "rel_bias":  # bias[h, q_idx - kv_idx + S - 1]: row stride 2 S - 1
         assert f"{2 * S - 1}*" in index.replace(" ", "")
-    compiled = compiler.stats["compiled"]
+    compiled = counters.kernels.compiled
     choices[0].load()  # sm_90a, TVM-FFI
-    assert compiler.stats["compiled"] == compiled + 1
+    assert counters.kernels.compiled == compiled + 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -7,7 +7,7 @@ with the reason."""
 import pytest
 import torch
 
-from cutedsl_inductor.compile import compiler
+from cutedsl_inductor import counters
 from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.helpers import make_input, make_layout
 from tests.template.test_subgraph import (
@@ -56,10 +56,10 @@ def test_the_kernel_compiles(graph, dtype, head_dim, mods):
     choices = []
     assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
     assert len(choices) == 2  # config.flex_max_configs: block_n 128 and 64
-    compiled = compiler.stats["compiled"]
+    compiled = counters.kernels.compiled
     for choice in choices:
         choice.load()  # sm_90a, TVM-FFI
-    assert compiler.stats["compiled"] == compiled + 2
+    assert counters.kernels.compiled == compiled + 2
     kernel = choices[0].source.split("@cute.jit\ndef cutedsl_sm90_flex_attention")[0]
     if mods in ("alibi", "document"):
         assert "captures[0][" in kernel
