@@ -8,7 +8,8 @@ from cutedsl_inductor.cli import parser
 
 
 def args(*argv):
-    return parser().parse_args(["bench", "model", *argv])
+    argv = ["bench", "model", *argv]
+    return parser(argv=argv).parse_args(argv)
 
 
 def test_fusion_off_shares_the_caches_of_fusion_on():

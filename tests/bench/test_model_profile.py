@@ -9,7 +9,7 @@ import pytest
 from cutedsl_inductor.bench.model import cases_of
 from cutedsl_inductor.bench.model_profile import CATEGORIES, category, gpu_breakdown
 from cutedsl_inductor.cli import parser
-from tests.compile.test_disk_cache import add_choice
+from tests.compile.cache.test_disk_cache import add_choice
 
 
 def test_a_kernel_cute_dsl_compiled_is_ours(graph, kernel_cache_dir):
@@ -52,7 +52,7 @@ def test_the_breakdown_is_per_step_and_idle_is_what_no_kernel_covers():
 
 
 def test_profile_steps_reach_every_case():
-    plan = cases_of(parser().parse_args(["bench", "model", "--families", "llama",
-                                         "--workloads", "decode", "--variants",
-                                         "max-autotune,cutedsl", "--profile", "5"]))
+    argv = ["bench", "model", "--families", "llama", "--workloads", "decode", "--variants",
+            "max-autotune,cutedsl", "--profile", "5"]
+    plan = cases_of(parser(argv=argv).parse_args(argv))
     assert [case.profile for case, _ in plan] == [5, 5]

@@ -19,7 +19,7 @@ from torch._inductor.remote_cache import (
     RemoteCachePassthroughSerde,
 )
 
-from .remote_cache import OversizedValue, redis_key
+from .redis_names import OversizedValue, redis_key
 
 
 class RedisBackend(RemoteCacheBackend[bytes]):
@@ -38,7 +38,7 @@ class RedisBackend(RemoteCacheBackend[bytes]):
         if size == 0:
             return None  # no such key
         if size > self.limit:
-            raise OversizedValue(size)
+            raise OversizedValue(size, self.limit)
         return data
 
     def _put(self, key: str, data: bytes) -> None:
