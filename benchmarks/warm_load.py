@@ -32,10 +32,10 @@ PHASES = {
     "run rendered sources": ("runtime/loader.py", "import_source"),
     "kernel key": ("runtime/loader.py", "kernel_key"),
     "source file": ("runtime/loader.py", "source_file"),
-    "disk entry (lock, read, verify, load)": ("compile/disk_cache.py", "load"),
-    "verify (seal, sizes, sha256)": ("compile/disk_cache.py", "_check"),
-    "load library (TVM-FFI)": ("compile/objects.py", "load_library"),
-    "load object (CuTe DSL)": ("compile/objects.py", "load_object"),
+    "disk entry (lock, read, verify, load)": ("compile/cache/disk_cache.py", "load"),
+    "verify (seal, sizes, sha256)": ("compile/cache/disk_cache.py", "_check"),
+    "load library (TVM-FFI)": ("compile/cache/objects.py", "load_library"),
+    "load object (CuTe DSL)": ("compile/cache/objects.py", "load_object"),
     "cute.runtime.load_module": ("cutlass/runtime.py", "load_module"),
 }
 

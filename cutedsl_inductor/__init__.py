@@ -56,7 +56,7 @@ def load() -> None:
     if (untested := untested_torch(torch.__version__)) is not None:
         warnings.warn(untested, stacklevel=2)
     # after the check: under an untested torch these imports are what may fail
-    importlib.import_module(".compile.artifacts", __name__)  # registers our cache artifacts
+    importlib.import_module(".compile.cache.artifacts", __name__)  # registers our cache artifacts
     for name, module in _LOADED_NAMES.items():
         globals()[name] = getattr(importlib.import_module(module, __name__), name)
     _loaded = True

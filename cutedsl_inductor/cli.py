@@ -41,8 +41,9 @@ from typing import Any
 from . import config, counters, load
 from .bench.args import parse_shapes
 from .catalog import BUILTIN_TEMPLATES
-from .compile import decisions, remote_cache, versions
-from .compile.disk_cache import default_cache
+from .compile import versions
+from .compile.cache import decisions, remote_cache
+from .compile.cache.disk_cache import default_cache
 from .exc import ConfigError
 from .version import __version__
 

@@ -373,7 +373,7 @@ coordesc_recheck: bool = _knob(
 remote_cache: bool = _knob(
     "remote_cache", "CUTEDSL_INDUCTOR_REMOTE_CACHE", False, Boolean(),
     "a Redis tier under the disk cache: kernels and tuning decisions fetched and published "
-    "(`compile/remote_cache.py`)", locates_binary=True)
+    "(`compile/cache/remote_cache.py`)", locates_binary=True)
 remote_cache_timeout_ms: int = _knob(
     "remote_cache_timeout_ms", "CUTEDSL_INDUCTOR_REMOTE_CACHE_TIMEOUT_MS", 1000,
     Integer(1, 60000), "the longest one Redis operation waits (to connect, for each reply)",
@@ -382,7 +382,7 @@ remote_cache_secret_file: str | None = _knob(
     "remote_cache_secret_file", "CUTEDSL_INDUCTOR_REMOTE_CACHE_SECRET_FILE", None,
     Text(lambda raw, variable: raw, "a file"),
     "the fleet's shared secret: remote entries are sealed and only sealed ones load "
-    "(`compile/portable.py`)", locates_binary=True)
+    "(`compile/cache/portable.py`)", locates_binary=True)
 redis_url: str | None = _knob(
     "redis_url", "TORCHINDUCTOR_REDIS_URL", None,
     Text(check_redis_url, REDIS_URL_ACCEPTED),

@@ -64,7 +64,7 @@ class RemoteCounts(_Group):
 
 @dataclasses.dataclass
 class DecisionCounts(_Group):
-    """Tuning-decision lookups (``compile/decisions.py``): where each was answered."""
+    """Tuning-decision lookups (``compile/cache/decisions.py``): where each was answered."""
 
     local_hits: int = 0
     remote_hits: int = 0

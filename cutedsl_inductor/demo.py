@@ -17,7 +17,7 @@ import time
 import torch
 
 from . import counters
-from .compile.disk_cache import default_cache
+from .compile.cache.disk_cache import default_cache
 from .kernels.elementwise import register_add_op
 from .precompile import precompile
 

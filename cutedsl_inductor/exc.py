@@ -140,7 +140,7 @@ class CacheEntryError(CuteDSLInductorError):
 
 class PortableEntryError(CuteDSLInductorError):
     """A kernel or tuning decision from the remote cache or a cache artifact does not
-    verify (``compile/portable.py``); it is not used."""
+    verify (``compile/cache/portable.py``); it is not used."""
 
     message = "{source} entry {key} refused: {reason}"
 

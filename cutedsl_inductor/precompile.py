@@ -12,7 +12,7 @@ Choices compile in ``config.compile_workers`` worker processes where there are a
 The counts say what happened, not what was there before: a kernel counts as compiled
 when this process or its worker compiled it (an entry that did not verify is rebuilt,
 and counts), as from the local cache when it was loaded from disk, as from the remote
-cache when the remote tier had it (``compile/remote_cache.py``; then it is on disk too),
+cache when the remote tier had it (``compile/cache/remote_cache.py``; then it is on disk too),
 so processes precompiling one cache at once compile each kernel once between them (the
 disk cache's lock) and their counts add up. What is compiled is published to the remote
 tier where it is on: precompiling on one machine fills it for the fleet.

@@ -25,7 +25,8 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     """A fresh disk cache and an empty in-process cache for every test."""
     from cutedsl_inductor import config, counters
     from cutedsl_inductor.autotune import retime
-    from cutedsl_inductor.compile import compiler, remote_cache
+    from cutedsl_inductor.compile import compiler
+    from cutedsl_inductor.compile.cache import remote_cache
     from cutedsl_inductor.runtime import workers
 
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "kernels"))

@@ -10,7 +10,7 @@ candidates in turn, ``RETIME_ROUNDS`` rounds (``timing.fastest_by_median``, as t
 benchmarks do), the median round counting; a repeat of the same candidates at the same
 sizes (a model's next layer) takes the first one's winner untimed, and so does a later
 process, on this machine or another with the same GPU and software: each winner is kept
-as a tuning decision (``compile/decisions.py``: the local cache, the remote tier, cache
+as a tuning decision (``compile/cache/decisions.py``: the local cache, the remote tier, cache
 artifacts), keyed by the candidates' binaries, the sizes, the GPU and the torch, CUDA and
 toolchain versions. A stored winner that is not among the candidates is not taken.
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from .. import config
-from ..compile import decisions
+from ..compile.cache import decisions
 from ..compile.compiler import target_arch
 from .timing import fastest_by_median
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..autotune.benchmark_request import CuteDSLBenchmarkRequest
 from .. import counters
-from ..compile import remote_backend
+from ..compile.cache import remote_backend
 
 # column -> the dynamo_timed keys it sums (seconds)
 TORCH_TIMES = {

@@ -41,10 +41,10 @@ from typing import Any
 from .. import config, counters
 from ..exc import ConfigError, KernelCompileError, format_params
 from . import versions
-from .disk_cache import default_cache, manifest_fields
-from .objects import export_object
-from .portable import record_artifact
-from .remote_cache import default_tier
+from .cache.disk_cache import default_cache, manifest_fields
+from .cache.objects import export_object
+from .cache.portable import record_artifact
+from .cache.remote_cache import default_tier
 from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)

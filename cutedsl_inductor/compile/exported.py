@@ -29,8 +29,8 @@ from pathlib import Path
 
 from .. import config
 from ..exc import NotExportableError
-from .disk_cache import default_cache
-from .objects import RUNTIME, runtime_libraries, symbol_for
+from .cache.disk_cache import default_cache
+from .cache.objects import RUNTIME, runtime_libraries, symbol_for
 from .specs import ArgSpec, ScalarSpec
 
 SHIPPED_SUFFIX = ".cutedsl"

@@ -65,7 +65,7 @@ from typing import Any
 from .. import config, counters
 from ..compile import compiler
 from ..compile.compiler import entry_name
-from ..compile.disk_cache import default_cache, default_root
+from ..compile.cache.disk_cache import default_cache, default_root
 from ..exc import CompileWorkerError, CuteDSLInductorError, format_params
 from .loader import describe_kernel, kernel_key, source_file
 from .zygote import Build, Failed, NotStarted, Worker, Zygote

@@ -71,7 +71,7 @@ WORKER_ENV = "_CUTEDSL_INDUCTOR_COMPILE_WORKER"
 # what the zygote imports for every fork: the loader and compiler, our cache artifacts'
 # type (a compile records its kernel as one), the CuTe DSL modules that kernel bodies use
 # and what the built-in templates' kernels import (the GEMM's body: ``catalog.py``)
-PRELOAD = ("cutedsl_inductor.runtime.loader", "cutedsl_inductor.compile.artifacts",
+PRELOAD = ("cutedsl_inductor.runtime.loader", "cutedsl_inductor.compile.cache.artifacts",
            "cutlass.cute", "cutlass.pipeline",
            "cutlass.utils.hopper_helpers", "cutlass.cute.nvgpu.warpgroup",
            *(name for template in BUILTIN_TEMPLATES.values() for name in template.preload))

@@ -69,7 +69,7 @@ def test_a_retiming_is_timed_once_for_every_process_and_machine(timings, remote_
                                                                  monkeypatch, tmp_path):
     from cutedsl_inductor import config
     from cutedsl_inductor.autotune import retime
-    from cutedsl_inductor.compile import decisions
+    from cutedsl_inductor.compile.cache import decisions
 
     calls = {"a": lambda: None, "b": lambda: None}
     assert retime.fastest_in_rounds(calls, "64x64") == ("b", {"a": 2.0, "b": 1.0})
@@ -91,7 +91,7 @@ def test_a_decision_is_reused_only_for_the_same_candidates_sizes_and_gpu(timings
     from cutedsl_inductor import config
     from cutedsl_inductor.autotune import retime
     from cutedsl_inductor.bench.lowering import H200_PROPERTIES
-    from cutedsl_inductor.compile import decisions
+    from cutedsl_inductor.compile.cache import decisions
 
     calls = {"a": lambda: None, "b": lambda: None}
     retime.fastest_in_rounds(calls, "64x64")

@@ -23,7 +23,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def parse(*argv):
-    return parser().parse_args(["bench", "attention", *argv])
+    argv = ["bench", "attention", *argv]
+    return parser(argv=argv).parse_args(argv)
 
 
 def test_the_default_run_is_the_issue_s_suite_and_quick_a_subset():

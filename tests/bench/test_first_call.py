@@ -17,7 +17,7 @@ from cutedsl_inductor.bench.first_call import (
     describe,
 )
 from cutedsl_inductor.bench.model_report import write_csv
-from tests.compile.test_remote_cache import load_on
+from tests.compile.cache.test_remote_cache import load_on
 
 
 def fn(x, w):

@@ -13,7 +13,8 @@ from cutedsl_inductor.cli import parser
 
 
 def args(*argv):
-    return settle(parser().parse_args(["bench", "model", *argv]))
+    argv = ["bench", "model", *argv]
+    return settle(parser(argv=argv).parse_args(argv))
 
 
 def test_the_defaults_run_every_family_at_eight_layers_against_max_autotune():

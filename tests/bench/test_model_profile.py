@@ -9,7 +9,7 @@ import pytest
 from cutedsl_inductor.bench.model import jobs_of, settle
 from cutedsl_inductor.bench.model_profile import CATEGORIES, category, gpu_breakdown
 from cutedsl_inductor.cli import parser
-from tests.compile.test_disk_cache import add_choice
+from tests.compile.cache.test_disk_cache import add_choice
 
 
 def test_a_kernel_cute_dsl_compiled_is_ours(graph, kernel_cache_dir):
@@ -52,7 +52,7 @@ def test_the_breakdown_is_per_step_and_idle_is_what_no_kernel_covers():
 
 
 def test_profile_units_reach_every_job():
-    plan = jobs_of(settle(parser().parse_args(["bench", "model", "--families", "llama,gpt2",
-                                               "--workloads", "decode,train", "--profile",
-                                               "5"])))
+    argv = ["bench", "model", "--families", "llama,gpt2", "--workloads", "decode,train",
+            "--profile", "5"]
+    plan = jobs_of(settle(parser(argv=argv).parse_args(argv)))
     assert [job.profile for job in plan] == [5, 5, 5, 5]

@@ -5,7 +5,7 @@ import pytest
 
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.exc import ConfigError
-from tests.compile.test_disk_cache import add_choice
+from tests.compile.cache.test_disk_cache import add_choice
 
 
 def test_an_unknown_arch_is_refused_before_anything_compiles(graph, monkeypatch):

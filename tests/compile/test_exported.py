@@ -11,7 +11,7 @@ from torch._inductor.virtualized import V
 
 from cutedsl_inductor import config
 from cutedsl_inductor.compile.exported import exported_kernel
-from cutedsl_inductor.compile.objects import load_library
+from cutedsl_inductor.compile.cache.objects import load_library
 from cutedsl_inductor.compile.specs import TensorSpec
 from cutedsl_inductor.exc import NotExportableError
 from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE, add_template

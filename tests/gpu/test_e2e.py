@@ -105,7 +105,7 @@ def test_a_kernel_loaded_from_its_shared_library_runs_on_the_current_stream(grap
     it launches on the caller's stream and computes what the compiled one does."""
     from cutedsl_inductor.compile import compiler
     from cutedsl_inductor import counters
-    from tests.compile.test_disk_cache import add_choice
+    from tests.compile.cache.test_disk_cache import add_choice
 
     add_choice(graph, shape=(4096, 512)).load()  # compiled, stored with its library
     compiler._COMPILED.clear()

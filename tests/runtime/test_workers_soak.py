@@ -10,7 +10,7 @@ import time
 
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler
-from cutedsl_inductor.compile.disk_cache import default_cache
+from cutedsl_inductor.compile.cache.disk_cache import default_cache
 from cutedsl_inductor.precompile import precompile
 from cutedsl_inductor.runtime import workers
 from tests.helpers import children, process_state, wait_until

@@ -6,8 +6,8 @@ import json
 
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
-from cutedsl_inductor.compile import decisions
-from cutedsl_inductor.compile.disk_cache import default_cache
+from cutedsl_inductor.compile.cache import decisions
+from cutedsl_inductor.compile.cache.disk_cache import default_cache
 
 KEY = decisions.decision_key("retime", {"candidates": ["a", "b"], "sizes": "64x64"})
 

@@ -12,15 +12,15 @@ import pytest
 import tvm_ffi
 
 from cutedsl_inductor import counters
-from cutedsl_inductor.compile import objects
-from tests.compile.test_disk_cache import fresh_process_load
+from cutedsl_inductor.compile.cache import objects
+from tests.compile.cache.test_disk_cache import fresh_process_load
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 PICKS = """
 import json
-from cutedsl_inductor.compile import objects
+from cutedsl_inductor.compile.cache import objects
 ours = list(objects.runtime_libraries())
 from cutlass.runtime import find_runtime_libraries
 print(json.dumps([ours, find_runtime_libraries(enable_tvm_ffi=True)]))

@@ -14,10 +14,10 @@ import pytest
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import compiler
-from tests.compile.test_disk_cache import add_choice, entry_paths, key_of, snapshot
+from tests.compile.cache.test_disk_cache import add_choice, entry_paths, key_of, snapshot
 from tests.helpers import run_unprivileged
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def load_fresh(graph, threads=128):
@@ -72,7 +72,7 @@ def test_a_lock_that_is_a_symlink_is_not_followed(graph, kernel_cache_dir, tmp_p
 
 
 def test_an_untrusted_secret_turns_the_cache_off(graph, kernel_cache_dir, caplog):
-    from cutedsl_inductor.compile import disk_cache
+    from cutedsl_inductor.compile.cache import disk_cache
 
     load_fresh(graph)
     (kernel_cache_dir / "secret").chmod(0o666)
@@ -91,7 +91,7 @@ from torch._inductor.graph import GraphLowering
 from torch._inductor.virtualized import V
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler
-from tests.compile.test_disk_cache import add_choice
+from tests.compile.cache.test_disk_cache import add_choice
 
 warnings = []
 handler = logging.Handler(logging.WARNING)

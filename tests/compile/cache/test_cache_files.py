@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from cutedsl_inductor.compile.cache_files import Folder, make_dirs, private_dir
+from cutedsl_inductor.compile.cache.cache_files import Folder, make_dirs, private_dir
 
 
 @contextlib.contextmanager

@@ -25,8 +25,8 @@ import re
 import time
 from typing import Any
 
-from .. import counters
-from . import versions
+from ... import counters
+from .. import versions
 from .cache_files import Folder
 from .disk_cache import KernelDiskCache, default_cache
 from .integrity import check_seal, seal

@@ -9,10 +9,12 @@ import time
 import pytest
 
 from cutedsl_inductor import config, counters
-from cutedsl_inductor.compile import portable, remote_cache, versions
-from cutedsl_inductor.compile.remote_cache import default_tier, redis_key
-from tests.compile.test_disk_cache import add_choice, key_of
-from tests.compile.test_remote_cache import load_on
+from cutedsl_inductor.compile import versions
+from cutedsl_inductor.compile.cache import portable, remote_cache
+from cutedsl_inductor.compile.cache.redis_names import redis_key
+from cutedsl_inductor.compile.cache.remote_cache import default_tier
+from tests.compile.cache.test_disk_cache import add_choice, key_of
+from tests.compile.cache.test_remote_cache import load_on
 
 
 def remote_warnings(caplog):

@@ -57,9 +57,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import config
-from ..exc import CacheEntryError
-from . import cache_inventory, versions
+from ... import config
+from ...exc import CacheEntryError
+from .. import versions
+from . import cache_inventory
 from .cache_files import Folder, make_dirs
 from .integrity import check_seal, file_problem, read_secret, seal
 from .objects import link_library, load_library, load_object, symbol_for
@@ -81,7 +82,7 @@ def default_root() -> Path:
 def inductor_cache_dir() -> str:
     """Inductor's cache folder (its ``cache_dir()``), named as Inductor names it where torch
     is not imported (``cache info|clear`` answer without it): its variable, else
-    ``torchinductor_<user>`` in the temp folder (tests/compile/test_disk_cache.py pins the
+    ``torchinductor_<user>`` in the temp folder (tests/compile/cache/test_disk_cache.py pins the
     two equal)."""
     if "torch" in sys.modules:
         from torch._inductor.runtime.cache_dir_utils import cache_dir

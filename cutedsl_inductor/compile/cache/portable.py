@@ -39,9 +39,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import config
-from ..exc import PortableEntryError
-from . import versions
+from ... import config
+from ...exc import PortableEntryError
+from .. import versions
 from .integrity import check_seal, seal
 
 MAGIC = b"cutedsl-inductor portable entry 1\n"

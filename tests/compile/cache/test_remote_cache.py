@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from cutedsl_inductor import config, counters
-from cutedsl_inductor.compile import compiler, portable, remote_cache, versions
-from cutedsl_inductor.compile.disk_cache import default_cache
-from tests.compile.test_disk_cache import add_choice, key_of
+from cutedsl_inductor.compile import compiler, versions
+from cutedsl_inductor.compile.cache import portable, remote_cache
+from cutedsl_inductor.compile.cache.disk_cache import default_cache
+from tests.compile.cache.test_disk_cache import add_choice, key_of
 
 
 def load_on(graph, monkeypatch, cache_dir, threads=128):

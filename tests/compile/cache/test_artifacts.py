@@ -12,12 +12,13 @@ import torch
 from torch.compiler._cache import CacheArtifactManager
 
 from cutedsl_inductor import config, counters
-from cutedsl_inductor.compile import compiler, decisions, portable
-from cutedsl_inductor.compile.portable import ARTIFACT_TYPE
-from tests.compile.test_disk_cache import add_choice, key_of
-from tests.compile.test_remote_cache import load_on
+from cutedsl_inductor.compile import compiler
+from cutedsl_inductor.compile.cache import decisions, portable
+from cutedsl_inductor.compile.cache.portable import ARTIFACT_TYPE
+from tests.compile.cache.test_disk_cache import add_choice, key_of
+from tests.compile.cache.test_remote_cache import load_on
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def saved(graph, monkeypatch, cache_dir):

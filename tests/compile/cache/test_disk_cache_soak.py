@@ -9,11 +9,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from cutedsl_inductor.compile.disk_cache import KernelDiskCache
+from cutedsl_inductor.compile.cache.disk_cache import KernelDiskCache
 from cutedsl_inductor.precompile import precompile
-from tests.compile.test_disk_cache import snapshot
+from tests.compile.cache.test_disk_cache import snapshot
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECONDS = 60
 
 PRECOMPILER = textwrap.dedent("""
@@ -31,7 +31,7 @@ PRECOMPILER = textwrap.dedent("""
 
 CLEARER = textwrap.dedent("""
     import sys, time
-    from cutedsl_inductor.compile.disk_cache import default_cache
+    from cutedsl_inductor.compile.cache.disk_cache import default_cache
     removed = 0
     while time.time() < float(sys.argv[1]):
         result = default_cache().clear()

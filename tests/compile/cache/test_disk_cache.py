@@ -16,7 +16,7 @@ import torch
 from cutedsl_inductor import config, counters
 from cutedsl_inductor.cli import main as cli_main
 from cutedsl_inductor.compile import compiler, versions
-from cutedsl_inductor.compile.disk_cache import default_cache
+from cutedsl_inductor.compile.cache.disk_cache import default_cache
 from cutedsl_inductor.kernels.elementwise import add_template
 from cutedsl_inductor.runtime.loader import kernel_key
 from tests.helpers import make_input, make_layout
@@ -123,7 +123,7 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
     from cutedsl_inductor import counters
-    from tests.compile.test_disk_cache import add_choice
+    from tests.compile.cache.test_disk_cache import add_choice
     g = GraphLowering(torch.fx.symbolic_trace(lambda x: x))
     with V.set_graph_handler(g):
         add_choice(g).load()
@@ -132,7 +132,7 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
 
 
 def test_processes_compiling_the_same_kernel_at_once_compile_it_once(kernel_cache_dir):
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**__import__("os").environ, "CUTEDSL_INDUCTOR_CACHE_DIR": str(kernel_cache_dir)}
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_SCRIPT], cwd=root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -313,11 +313,11 @@ def test_without_torch_the_cache_folder_is_the_one_inductor_names(tmp_path):
     does, with its variable and without."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    code = ("import sys; from cutedsl_inductor.compile.disk_cache import default_root\n"
+    code = ("import sys; from cutedsl_inductor.compile.cache.disk_cache import default_root\n"
             "print(default_root(), 'torch' in sys.modules)")
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCHINDUCTOR_CACHE_DIR", "CUTEDSL_INDUCTOR_CACHE_DIR")}
-    env.update(_CUTEDSL_INDUCTOR_DEFER_LOAD="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env.update(_CUTEDSL_INDUCTOR_DEFER_LOAD="1", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
     for variable, expected in [(None, default_cache_dir()), ("rel", str(tmp_path / "rel"))]:
         if variable is not None:
             env["TORCHINDUCTOR_CACHE_DIR"] = variable

@@ -19,7 +19,7 @@ from torch._inductor.remote_cache import (
     RemoteCachePassthroughSerde,
 )
 
-from .remote_cache import OversizedValue, redis_key
+from .redis_names import OversizedValue, redis_key
 
 
 # a read in one round trip that sends no byte of a value over the bound (ARGV[1]): the
@@ -44,7 +44,7 @@ class RedisBackend(RemoteCacheBackend[bytes]):
     def _get(self, key: str) -> bytes | None:
         reply = self.client.eval(GET_BOUNDED, 1, key, self.limit)
         if isinstance(reply, int):
-            raise OversizedValue(reply)
+            raise OversizedValue(reply, self.limit)
         return reply or None  # no such key (or an empty value)
 
     def _put(self, key: str, data: bytes) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory
 
-from ..exc import PortableEntryError
+from ...exc import PortableEntryError
 from . import decisions
 from .disk_cache import MANIFEST_FIELDS, default_cache
 from .portable import ARTIFACT_TYPE, fleet_secret, unpack

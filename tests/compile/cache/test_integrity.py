@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from cutedsl_inductor.compile.cache_files import Folder
-from cutedsl_inductor.compile.integrity import (
+from cutedsl_inductor.compile.cache.cache_files import Folder
+from cutedsl_inductor.compile.cache.integrity import (
     SECRET_BYTES,
     SECRET_NAME,
     check_seal,

@@ -34,26 +34,12 @@ import threading
 import time
 from typing import Any
 
-from .. import config, counters
-from ..exc import PortableEntryError
+from ... import config, counters
+from ...exc import PortableEntryError
 from .portable import MAX_ENTRY_BYTES, fleet_secret, pack, unpack
+from .redis_names import OversizedValue
 
 log = logging.getLogger(__name__)
-
-CACHE_ID = "cutedsl-inductor"
-KEY_VERSION = 1
-
-
-class OversizedValue(Exception):
-    """A value over the bound: refused unread."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"{size} bytes, over the bound of {MAX_ENTRY_BYTES}")
-
-
-def redis_key(key: str) -> str:
-    return f"pt2:{CACHE_ID}::{key}:c{KEY_VERSION}"
-
 
 class RemoteTier:
     def __init__(self, address: str, client: Any, secret: bytes | None) -> None:
