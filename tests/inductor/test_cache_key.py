@@ -160,6 +160,18 @@ def test_reach_finds_flex_attention_switched_on_in_a_cuda_graph(monkeypatch):
     assert reach(off, [fake_cuda(1, 1, 128, 16)]) == Reach.FLEX
 
 
+def test_reach_finds_sdpa_where_the_choice_set_is_on(monkeypatch):
+    """``config.sdpa`` rewrites SDPA into our choice set (our flex kernels among it): a
+    CUDA graph calling SDPA reaches us only with it on; a CPU one never."""
+    q = torch.randn(1, 2, 128, 16)
+    graph = dynamo_graph(lambda q: torch.nn.functional.scaled_dot_product_attention(
+        q, q, q, is_causal=True), q)
+    assert reach(graph, [fake_cuda(1, 2, 128, 16)]) == Reach(0)
+    monkeypatch.setattr(config, "sdpa", True)
+    assert reach(graph, [fake_cuda(1, 2, 128, 16)]) == Reach.SDPA | Reach.FLEX
+    assert reach(graph, [q]) == Reach(0)  # a CPU graph
+
+
 @torch.library.custom_op("cutedsl_test::twice", mutates_args=())
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
