@@ -16,7 +16,7 @@ from cutedsl_inductor.compile.specs import TensorSpec
 from cutedsl_inductor.exc import NotExportableError
 from cutedsl_inductor.kernels.elementwise import UPSTREAM_ADD_SOURCE, add_template
 from cutedsl_inductor.template.template import CuteDSLTemplate
-from tests.compile.test_disk_cache import key_of
+from tests.compile.cache.test_disk_cache import key_of
 from tests.helpers import make_input, make_layout
 
 
