@@ -99,4 +99,4 @@ def test_the_wheel_is_typed_and_says_where_it_runs(built):
     assert not [name for name in wheel if name.startswith("tests/")]
     assert "Classifier: Typing :: Typed" in metadata
     assert "Classifier: Environment :: GPU :: NVIDIA CUDA" in metadata
-    assert re.search(r"^Requires-Dist: transformers; extra == \"bench\"$", metadata, re.M)
+    assert re.search(r"^Requires-Dist: transformers[^;]*; extra == \"bench\"$", metadata, re.M)

@@ -15,7 +15,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor import ir
 from torch._inductor.kernel_inputs import MMKernelInputs
 
-from cutedsl_inductor import config
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.exc import DistributedChoiceError
 from cutedsl_inductor.inductor import distributed
@@ -50,15 +50,15 @@ def test_a_winner_of_ours_travels_and_loads_from_the_cache_elsewhere(max_autotun
         winner = ours[1]
         record = pickle.loads(pickle.dumps(distributed.serialized(3, winner)))
         winner.precompile()  # the deciding rank compiles it while autotuning
-        compiled = compiler.stats["compiled"]
+        compiled = counters.kernels.compiled
         compiler._COMPILED.clear()  # the other rank: another process
         rebuilt = record.get_choice(layout, inputs)
         assert record.index == 3 and isinstance(rebuilt, CuteDSLTemplateCaller)
         assert (rebuilt.name, rebuilt.source, rebuilt.params) == (
             winner.name, winner.source, winner.params)
         rebuilt.load()
-    assert compiler.stats["compiled"] == compiled == 1
-    assert compiler.stats["disk_hits"] == 1
+    assert counters.kernels.compiled == compiled == 1
+    assert counters.kernels.disk_hits == 1
 
 
 def test_a_description_rebuilds_on_any_shape_of_its_kernel(max_autotune):
