@@ -21,6 +21,7 @@ import functools
 import math
 from typing import Any, Union
 
+import sympy
 import torch
 
 from .dtypes import cutlass_dtype
@@ -106,6 +107,17 @@ class Workspace:
     def make(self, device: torch.device) -> torch.Tensor:
         make = torch.zeros if self.zeroed else torch.empty
         return make(self.numel, dtype=getattr(torch, self.dtype), device=device)
+
+
+def static_ints(values: Any) -> list[int] | None:
+    """``values`` (sizes, strides, offsets of IR nodes) as ints, or None if any is symbolic."""
+    out = []
+    for v in values:
+        v = sympy.sympify(v)
+        if not v.is_Integer:
+            return None
+        out.append(int(v))
+    return out
 
 
 def specs_key(specs: list[ArgSpec]) -> str:

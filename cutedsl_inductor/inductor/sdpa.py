@@ -37,9 +37,9 @@ import importlib
 import logging
 from typing import Any
 
-import sympy
 import torch
 
+from ..compile.specs import static_ints
 from ..template.caller import CuteDSLTemplateCaller
 from . import sdpa_ops
 
@@ -96,16 +96,6 @@ def backend_of(node: Any) -> str | None:
     return None
 
 
-def _static(values: Any) -> list[int] | None:
-    out = []
-    for v in values:
-        v = sympy.sympify(v)
-        if not v.is_Integer:
-            return None
-        out.append(int(v))
-    return out
-
-
 def aten_choices(backward: bool, names: list[str], nodes: list[Any], layout: Any,
                  slots: tuple[int, ...], is_causal: bool, scale: float) -> list[Any]:
     """The ATen choices, for timing: Inductor asserts that a timed output has the choice
@@ -113,7 +103,7 @@ def aten_choices(backward: bool, names: list[str], nodes: list[Any], layout: Any
     D) order), so each returns its (dense) output viewed in them; the view is never read
     (only copied, where Inductor checks choices against each other), and the backend
     that wins runs as itself. None with dynamic strides."""
-    stride = _static(layout.stride)
+    stride = static_ints(layout.stride)
     if stride is None:
         return []
     return [_externs()[name, backward].bind(nodes, layout, backend=name, slots=slots,
@@ -124,7 +114,7 @@ def aten_choices(backward: bool, names: list[str], nodes: list[Any], layout: Any
 
 def why_not_ours(q: Any, k: Any, bias: Any, is_causal: bool) -> str | None:
     """Why our kernels are not offered here (before the templates' own checks)."""
-    sizes = [_static(n.get_size()) for n in (q, k)]
+    sizes = [static_ints(n.get_size()) for n in (q, k)]
     if any(s is None for s in sizes):
         return "dynamic shapes"
     if is_causal and sizes[0][2] != sizes[1][2]:

@@ -35,12 +35,12 @@ from typing import Any
 from torch._inductor import ir
 
 from ... import config
-from ...compile.specs import Workspace
+from ...compile.specs import Workspace, static_ints
 from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex_bwd  # noqa: F401  (the rendered module imports it: fail early)
 from .bwd_config import FlexBwdConfig, default_bwd_configs
-from .template import SCORE_INDEX_DTYPES, _static, why_not
+from .template import SCORE_INDEX_DTYPES, why_not
 
 BWD_INPUTS = ("q", "k", "v", "lse", "delta", "grad_out", "grad_query", "grad_value",
               "kv_num_blocks", "kv_indices", "q_num_blocks", "q_indices",
@@ -121,8 +121,8 @@ def why_not_bwd(nodes: list[Any], layout: Any, subgraphs: list[Any]) -> str | No
     grad_out = nodes[5]
     if grad_out.get_dtype() != nodes[0].get_dtype():
         return f"grad_out's dtype {grad_out.get_dtype()} is not the query's"
-    stride = _static(grad_out.get_stride())
-    offset = _static([grad_out.get_layout().offset])
+    stride = static_ints(grad_out.get_stride())
+    offset = static_ints([grad_out.get_layout().offset])
     if stride is None or offset is None:
         return "grad_out has dynamic strides"
     if stride[3] != 1 or any(s % 8 for s in stride[:3]) or offset[0] % 8:

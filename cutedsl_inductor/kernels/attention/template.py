@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import sympy
 import torch
 
+from ...compile.specs import static_ints
 from ... import config
 from ...compile.compiler import target_arch
 from ...template.subgraph import ModificationSubgraph
@@ -72,16 +72,6 @@ class {{kernel_name}}_Flex(Sm90FlexAttention):
 flex_template = CuteDSLTemplate("sm90_flex_attention", FLEX_SOURCE)
 
 
-def _static(values: Any) -> list[int] | None:
-    out = []
-    for v in values:
-        v = sympy.sympify(v)
-        if not v.is_Integer:
-            return None
-        out.append(int(v))
-    return out
-
-
 def why_not(nodes: list[Any], layout: Any) -> str | None:
     """Why the kernel cannot take this problem, or None."""
     if not target_arch().startswith("sm_90"):
@@ -94,8 +84,8 @@ def why_not(nodes: list[Any], layout: Any) -> str | None:
         return f"dtype {dtype}: the kernel takes bf16/fp16"
     if k.get_dtype() != dtype or v.get_dtype() != dtype or layout.dtype != dtype:
         return "q, k, v and out differ in dtype"
-    shapes = [_static(n.get_size()) for n in (q, k, v)] + [_static(layout.size)]
-    strides = [_static(n.get_stride()) for n in (q, k, v)] + [_static(layout.stride)]
+    shapes = [static_ints(n.get_size()) for n in (q, k, v)] + [static_ints(layout.size)]
+    strides = [static_ints(n.get_stride()) for n in (q, k, v)] + [static_ints(layout.stride)]
     if any(s is None for s in shapes + strides):
         return "dynamic shapes (the kernel is compiled for static sizes)"
     (bq, hq, _, d), (bk, hk, _, dk), (_, _, _, dv) = shapes[:3]
@@ -106,7 +96,7 @@ def why_not(nodes: list[Any], layout: Any) -> str | None:
     for name, node, stride in zip("qkv", (q, k, v), strides):
         if stride[3] != 1 or any(s % 8 for s in stride[:3]):
             return f"{name}'s strides {stride}: unit stride in the head dim, 16-byte others"
-        if _static([node.get_layout().offset]) is None or node.get_layout().offset % 8:
+        if static_ints([node.get_layout().offset]) is None or node.get_layout().offset % 8:
             return f"{name}'s storage offset is not 16-byte aligned"
     return None
 
