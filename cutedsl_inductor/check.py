@@ -23,7 +23,7 @@ import importlib.util
 import itertools
 import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,9 @@ from torch._inductor import ir
 from . import config
 from .autotune.scratch import scratch_graph
 from .compile.compiler import entry_name, is_cute_jit
+from .compile.records import Params
 from .compile.resources import KernelResources, compile_with_resources
-from .exc import CheckTargetError, format_params
+from .exc import CheckTargetError
 from .runtime.loader import describe_kernel, import_source
 from .template.template import CuteDSLTemplate
 
@@ -43,14 +44,14 @@ from .template.template import CuteDSLTemplate
 class ChoiceReport:
     """One parameter set's outcome: its kernels' needs, or its error and where."""
 
-    params: dict[str, Any]
+    params: Params
     name: str | None = None  # the kernel's name, once rendered
     kernels: tuple[KernelResources, ...] = ()
     error: str | None = None
     where: str | None = None  # the generated file, and its line where the error names one
 
     def __str__(self) -> str:
-        head = f"{self.name or '(not rendered)'} [{format_params(self.params)}]"
+        head = f"{self.name or '(not rendered)'} [{self.params}]"
         if self.error is not None:
             return f"FAILED {head}: {self.error}" + (f"\n  at {self.where}" if self.where else "")
         return "\n".join([head] + [f"  {_describe(kernel)}" for kernel in self.kernels])
@@ -90,7 +91,7 @@ def load_template(target: str) -> CuteDSLTemplate:
 
 
 def check_template(template: CuteDSLTemplate, shapes: Sequence[Sequence[int]],
-                   params: Sequence[dict[str, Any]] = ({},), *,
+                   params: Sequence[Mapping[str, Any]] = ({},), *,
                    dtype: torch.dtype = torch.bfloat16, arch: str = "sm_90a",
                    output_shape: Sequence[int] | None = None) -> list[ChoiceReport]:
     """A report per parameter set of ``template`` on contiguous inputs of ``shapes`` (its
@@ -100,11 +101,11 @@ def check_template(template: CuteDSLTemplate, shapes: Sequence[Sequence[int]],
         inputs = [scratch.input(shape, dtype) for shape in shapes]
         layout = ir.FixedLayout(torch.device("cuda", 0), dtype,
                                 list(output_shape or shapes[0]))
-        return [_check(template, inputs, layout, dict(choice), arch) for choice in params]
+        return [_check(template, inputs, layout, Params.of(choice), arch) for choice in params]
 
 
 def _check(template: CuteDSLTemplate, inputs: list[Any], layout: Any,
-           params: dict[str, Any], arch: str) -> ChoiceReport:
+           params: Params, arch: str) -> ChoiceReport:
     try:
         choice = template.generate(input_nodes=inputs, layout=layout, **params)
     except Exception as err:
@@ -115,8 +116,7 @@ def _check(template: CuteDSLTemplate, inputs: list[Any], layout: Any,
         return ChoiceReport(params, choice.name, where=path, error=(
             f"its entry {entry_name(choice.name)} is not a @cute.jit function over "
             "def_kernel: an upstream-style entry compiles at its first launch, on a GPU"))
-    describe = describe_kernel(choice.name, choice.source, choice.specs, template.name, params,
-                               path)
+    describe = describe_kernel(choice.kernel, path)
     try:
         kernels = compile_with_resources(entry, choice.specs, arch, describe)
     except Exception as err:

@@ -7,6 +7,7 @@ params={"THREADS": 128}, path=None, cause=err)``; ``str(err)`` is the filled tem
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -27,8 +28,15 @@ def _rebuild(cls: type[CuteDSLInductorError], fields: dict[str, Any]) -> CuteDSL
     return cls(**fields)
 
 
-def format_params(params: dict[str, Any]) -> str:
+def format_params(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "(no parameters)"
+
+
+class RecordError(CuteDSLInductorError, ValueError):
+    """A typed record (``compile/records.py``, ``kernels/gemm/problem.py``) refuses a
+    field's value at construction."""
+
+    message = "{record}: {field}={value!r} is refused: {reason}"
 
 
 class TemplateRegistryError(CuteDSLInductorError):

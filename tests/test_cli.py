@@ -310,14 +310,16 @@ def test_bench_shards_are_checked_before_any_run(tmp_path):
 
 def test_bench_epilogue_names_the_gemm_configs_of_output_code():
     from cutedsl_inductor.bench.epilogue import gemm_configs
+    from cutedsl_inductor.compile.records import KernelSource
     from cutedsl_inductor.inductor.scheduling import kernel_definition
     from cutedsl_inductor.kernels.gemm.config import GemmConfig
     from cutedsl_inductor.kernels.gemm.template import _params
 
     coop = dict(tile_m=128, tile_n=256, cluster_m=2, cooperative=True)
     split = dict(tile_m=64, tile_n=128, cooperative=False, split_k=2)
-    code = "\n".join(kernel_definition(f"k{i}", "source", [], "sm90_gemm",
-                                       _params(GemmConfig(**cfg), False, 1.0, 0.0))
+    code = "\n".join(kernel_definition(KernelSource.of(
+                         f"k{i}", "source", [], "sm90_gemm",
+                         _params(GemmConfig(**cfg), False, 1.0, 0.0)))
                      for i, cfg in enumerate((coop, split)))
     assert gemm_configs(code) == "128x256x64 c2x1 coop, 64x128x64 c1x1 1wg k2"
 

@@ -3,8 +3,8 @@
 a tuning subprocess, where a kernel that faults (a sticky CUDA error) takes down only
 that process and the choice times as ``inf``, not the user's.
 
-The request carries what rebuilds the kernel there: the rendered source, argument specs,
-template name and parameters, and the knobs that decide where its binary is cached and
+The request carries what rebuilds the kernel there: the kernel (``KernelSource``: the
+rendered source, argument specs, template name and parameters), and the knobs that decide where its binary is cached and
 what it is compiled for. In the subprocess ``make_run_fn`` loads the kernel (a disk
 cache hit when the parent precompiled it; otherwise it compiles) and launches it on
 tensors that Inductor makes from ``input_tensor_meta``: one per entry argument, with the
@@ -42,9 +42,9 @@ from torch._inductor.autotune_process import (
 
 from .. import config
 from ..compile.compiler import target_arch
-from ..compile.specs import ArgSpec, Workspace
-from ..exc import format_params
-from ..runtime.loader import load_kernel
+from ..compile.records import KernelSource
+from ..compile.specs import Workspace
+from ..runtime.loader import load
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +100,12 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
         output_tensor_meta: TensorMeta,
         extra_args: list[int],
         *,
-        source: str,
-        specs: list[ArgSpec],
-        template: str,
-        params: dict[str, Any],
+        kernel: KernelSource,
         workspace: Workspace | None = None,
     ) -> None:
         super().__init__(kernel_name, input_tensor_meta, output_tensor_meta, extra_args)
         self.workspace = workspace
-        self.source = source
-        self.specs = specs
-        self.template = template
-        self.params = params
+        self.kernel = kernel
         self.knobs = config.binary_knobs()
         self.knobs["arch"] = target_arch()  # as resolved here (another process may see no GPU)
         self.settle_ms = 0  # set on the first choice timed (autotune/select.py)
@@ -119,16 +113,15 @@ class CuteDSLBenchmarkRequest(GPUDeviceBenchmarkMixin, BenchmarkRequest):
     def load(self) -> Any:
         """The kernel's wrapper, built as the requesting process would build it."""
         with config.patch(**self.knobs):
-            return load_kernel(self.kernel_name, self.source, self.specs,
-                               template=self.template, params=self.params)
+            return load(self.kernel)
 
     def benchmark(self, *input_tensors: torch.Tensor, out: torch.Tensor | None = None) -> float:
         try:
             return super().benchmark(*input_tensors, out=out)
         except Exception as err:
             log.warning("CuteDSL choice %s (template %r, parameters [%s]) failed in the tuning "
-                        "subprocess: %s: %s", self.kernel_name, self.template,
-                        format_params(self.params), type(err).__name__, err)
+                        "subprocess: %s: %s", self.kernel_name, self.kernel.template,
+                        self.kernel.params, type(err).__name__, err)
             raise
 
     def make_run_fn(self, *input_tensors: torch.Tensor, out: torch.Tensor

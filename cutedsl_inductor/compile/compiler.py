@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import config, counters
@@ -45,6 +45,7 @@ from .cache.disk_cache import default_cache, manifest_fields
 from .cache.objects import export_object
 from .cache.portable import record_artifact
 from .cache.remote_cache import default_tier
+from .records import KernelDescription
 from .specs import ArgSpec, fake_arguments, specs_key
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def check_cute_arch(arch: str, variable: str) -> str:
     return arch
 
 
-def compile_key(source: str, entry: str, specs: list[ArgSpec], arch: str) -> str:
+def compile_key(source: str, entry: str, specs: Sequence[ArgSpec], arch: str) -> str:
     material = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "entry": entry,
@@ -117,16 +118,16 @@ def compile_options(arch: str, tvm_ffi: bool) -> str:
 
 def compile_entry(
     entry_fn: Callable[..., Any],
-    specs: list[ArgSpec],
+    specs: Sequence[ArgSpec],
     *,
     key: str,
     arch: str,
-    describe: dict[str, Any],
+    describe: KernelDescription,
 ) -> tuple[Any, str]:
     """The compiled TVM-FFI function for ``entry_fn`` at ``specs`` and where it came
     from: "memory" (this process had it), "disk" (the disk cache) or "compiled".
 
-    ``describe`` (kernel, template, params, path) goes into errors and cache metadata.
+    ``describe`` goes into errors and cache manifests.
     """
     compiled = _COMPILED.get(key)
     if compiled is not None:
@@ -144,7 +145,7 @@ def compile_entry(
         return compiled, origin
 
 
-def cached_kernel(key: str, describe: dict[str, Any]) -> tuple[Any, str] | None:
+def cached_kernel(key: str, describe: KernelDescription) -> tuple[Any, str] | None:
     """The function of ``key`` and where it came from, where this process ("memory"),
     the disk cache ("disk") or the remote tier ("remote": stored on disk under
     ``describe``'s manifest fields) has it; else None, and nothing compiled."""
@@ -197,7 +198,7 @@ def _from_disk(entry: Any, key: str) -> Any:
     return loaded
 
 
-def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
+def _from_remote(entry: Any, key: str, describe: KernelDescription) -> Any:
     """The function of ``key``'s entry in the remote tier, stored in ``entry`` (recorded
     for the cache artifacts), or None: no tier, no entry, or one that does not load."""
     tier = default_tier()
@@ -212,7 +213,7 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
         function = entry.adopt(fetched[1], fields)
     except Exception as err:  # verified, yet it does not load: compile instead
         log.warning("CuteDSL kernel %s from the remote cache does not load (%s: %s); "
-                    "compiling it", describe.get("kernel"), type(err).__name__, err)
+                    "compiling it", describe.kernel, type(err).__name__, err)
         return None
     finally:
         counters.kernels.add(remote_adopt_s=time.perf_counter() - fetched_at)
@@ -221,12 +222,12 @@ def _from_remote(entry: Any, key: str, describe: dict[str, Any]) -> Any:
     return function
 
 
-def _through_caches(entry_fn: Callable[..., Any], specs: list[ArgSpec], key: str, arch: str,
-                    describe: dict[str, Any]) -> tuple[Any, str]:
+def _through_caches(entry_fn: Callable[..., Any], specs: Sequence[ArgSpec], key: str, arch: str,
+                    describe: KernelDescription) -> tuple[Any, str]:
     """From the disk cache (an entry stored since ``cached_kernel`` looked in it and in
     the remote tier), else compiled (stored and published); each recorded for
     torch.compile's cache artifacts."""
-    fields = manifest_fields(describe | {"arch": arch})
+    fields = manifest_fields(describe.at(arch))
     with default_cache().entry(key) as entry:
         loaded = _from_disk(entry, key)
         if loaded is not None:
@@ -251,19 +252,21 @@ def plain_ffi_function(compiled: Any) -> Any:
     return plain if plain is not None else compiled
 
 
-def compile_error(describe: dict[str, Any], arch: str, err: Exception) -> KernelCompileError:
+def compile_error(describe: KernelDescription, arch: str, err: Exception
+                  ) -> KernelCompileError:
     return KernelCompileError(
-        kernel=describe.get("kernel"),
-        template=describe.get("template"),
-        params=format_params(describe.get("params", {})),
+        kernel=describe.kernel,
+        template=describe.template,
+        params=format_params(describe.params),
         arch=arch,
         cause=f"{type(err).__name__}: {err}",
-        path=describe.get("path"),
+        path=describe.path,
     )
 
 
 def compile_uncached(
-    entry_fn: Callable[..., Any], specs: list[ArgSpec], arch: str, describe: dict[str, Any]
+    entry_fn: Callable[..., Any], specs: Sequence[ArgSpec], arch: str,
+    describe: KernelDescription,
 ) -> Any:
     """CuTe DSL's compiled function for ``entry_fn`` at ``specs``, from no cache (its
     ``ir_module`` is the lowered module: ``resources.py`` reads it)."""
@@ -279,5 +282,5 @@ def compile_uncached(
         raise compile_error(describe, arch, err) from err
     seconds = time.perf_counter() - start
     counters.kernels.add(compiled=1, compile_s=seconds)
-    log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.get("kernel"), arch, seconds)
+    log.info("compiled CuteDSL kernel %s for %s in %.2f s", describe.kernel, arch, seconds)
     return compiled

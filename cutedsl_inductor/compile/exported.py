@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import config
@@ -63,7 +64,7 @@ class RuntimeLibrary:
         return f"{self.soname}{SHIPPED_SUFFIX}"
 
 
-def exported_kernel(key: str, specs: list[ArgSpec], *, kernel: str,
+def exported_kernel(key: str, specs: Sequence[ArgSpec], *, kernel: str,
                     template: str | None) -> ExportedKernel:
     """The library of the kernel ``key`` (compiled and stored already), or
     ``NotExportableError``."""

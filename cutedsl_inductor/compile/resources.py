@@ -23,11 +23,12 @@ import contextlib
 import dataclasses
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import config
 from .compiler import compile_uncached
+from .records import KernelDescription
 from .specs import ArgSpec
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -102,8 +103,8 @@ def launch_smem(host_ir: str) -> dict[str, int]:
     return found
 
 
-def compile_with_resources(entry_fn: Callable[..., Any], specs: list[ArgSpec], arch: str,
-                           describe: dict[str, Any]) -> tuple[KernelResources, ...]:
+def compile_with_resources(entry_fn: Callable[..., Any], specs: Sequence[ArgSpec], arch: str,
+                           describe: KernelDescription) -> tuple[KernelResources, ...]:
     """Compile ``entry_fn`` at ``specs`` for ``arch`` (``compile_uncached``: its errors)
     and read each kernel function's needs."""
     report = io.StringIO()

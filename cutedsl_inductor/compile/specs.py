@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, Union
 
 import sympy
@@ -120,7 +121,7 @@ def static_ints(values: Any) -> list[int] | None:
     return out
 
 
-def specs_key(specs: list[ArgSpec]) -> str:
+def specs_key(specs: Sequence[ArgSpec]) -> str:
     return "|".join(spec.key() for spec in specs)
 
 
@@ -209,7 +210,7 @@ def specs_for_nodes(nodes: list[Any], symbolic: bool) -> list[ArgSpec]:
 # To CuTe DSL fake arguments (compile time)
 
 
-def fake_arguments(specs: list[ArgSpec]) -> list[Any]:
+def fake_arguments(specs: Sequence[ArgSpec]) -> list[Any]:
     """CuTe DSL placeholders for ``cute.compile``; equal Sym names share one SymInt."""
     import cutlass
     import cutlass.cute as cute
@@ -242,7 +243,7 @@ def fake_arguments(specs: list[ArgSpec]) -> list[Any]:
     return fakes
 
 
-def mismatch(specs: list[ArgSpec], args: tuple[Any, ...]) -> str | None:
+def mismatch(specs: Sequence[ArgSpec], args: tuple[Any, ...]) -> str | None:
     """Why ``args`` do not fit ``specs`` (first problem found), or None if they do."""
     if len(args) != len(specs):
         return f"{len(args)} arguments for {len(specs)} parameters"

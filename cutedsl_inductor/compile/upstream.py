@@ -57,6 +57,7 @@ from cutlass.cute.runtime import _Tensor, from_dlpack
 
 from .. import config, counters
 from .compiler import COMPILE_LOCK, compile_error, compile_options, is_cute_jit, plain_ffi_function
+from .records import KernelDescription
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ _MISSING = object()
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def adopt(module: Any, arch: str, describe: dict[str, Any]) -> None:
+def adopt(module: Any, arch: str, describe: KernelDescription) -> None:
     """Rebind ``module``'s ``@cute.jit`` functions to ``JitOnce`` and, with
     ``config.upstream_fast_path``, its names for CuTe's ``from_dlpack`` to
     ``record_dlpack`` (idempotent); without records every call takes the JitExecutor
@@ -215,7 +216,7 @@ class JitOnce:
     """Stands in for a module-level ``@cute.jit`` function of an upstream-style module
     (the module docstring): each argument signature compiles once, per path."""
 
-    def __init__(self, fn: Callable[..., Any], arch: str, describe: dict[str, Any]):
+    def __init__(self, fn: Callable[..., Any], arch: str, describe: KernelDescription):
         self.fn = fn
         self.arch = arch
         self.describe = describe
@@ -306,7 +307,7 @@ class JitOnce:
     def _fall_back(self, what: str, err: Exception) -> None:
         counters.upstream.add(fallbacks=1)
         log.warning("CuteDSL kernel %s: %s %s (%s: %s); they take CuTe's JitExecutor path",
-                    self.describe.get("kernel"), getattr(self.fn, "__name__", self.fn), what,
+                    self.describe.kernel, getattr(self.fn, "__name__", self.fn), what,
                     type(err).__name__, err)
 
     def _jit_call(self, args: tuple[Any, ...]) -> Any:

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from torch._inductor.utils import get_kernel_metadata
 from torch._inductor.virtualized import V
 
 from ..compile.exported import DLPACK_DTYPES, runtime, staged, staged_runtime
+from ..compile.records import KernelSource
 from ..compile.specs import ArgSpec, ScalarSpec
 from ..runtime.loader import load_exported, write_source
 from .cpp_runtime import CPP_RUNTIME
@@ -63,12 +65,12 @@ def _state(wrapper: Any) -> _WrapperState:
     return state
 
 
-def define_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template: str,
-                  params: dict[str, Any], node_schedule: list[Any]) -> str:
-    """The C++ name of ``kernel_name``'s definition in V.graph's C++ wrapper (written
-    on its first use)."""
+def define_kernel(kernel: KernelSource, node_schedule: list[Any]) -> str:
+    """The C++ name of ``kernel``'s definition in V.graph's C++ wrapper (written on its
+    first use)."""
     wrapper = V.graph.wrapper_code
-    exported = load_exported(kernel_name, source, specs, template=template, params=params)
+    exported = load_exported(kernel)
+    kernel_name = kernel.name
     state = _state(wrapper)
     name = state.kernels.get(exported.key)
     if name is not None:
@@ -76,7 +78,7 @@ def define_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template:
     name = state.kernels[exported.key] = f"{kernel_name}_cpp"
     path = _ship(wrapper, staged(exported.file_name, exported.library))
     origins, _ = get_kernel_metadata(node_schedule, wrapper)
-    wrapper.header.writeline(f"// CuteDSL kernel {kernel_name}: {write_source(source)[1]}")
+    wrapper.header.writeline(f"// CuteDSL kernel {kernel_name}: {write_source(kernel.source)[1]}")
     for line in origins.splitlines():
         wrapper.header.writeline(line.replace("#", "//", 1))
     wrapper.header.writeline(
@@ -85,7 +87,7 @@ def define_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template:
 
 
 def generate_call(name: str, nodes: list[Any], references: list[str],
-                  specs: list[ArgSpec], device: Any) -> None:
+                  specs: Sequence[ArgSpec], device: Any) -> None:
     """The launch of kernel ``name`` with the entry's arguments (``nodes``, passed as
     ``references``; ``specs`` their dtypes) on ``device``'s current stream."""
     from torch._inductor.codegen.cpp_utils import cexpr

@@ -49,6 +49,7 @@ from torch._inductor.scheduler import SchedulerNode
 from torch._inductor.virtualized import V
 
 from .. import config
+from ..compile.records import Params
 from ..compile.specs import Workspace, specs_key
 from ..exc import DistributedAutotuneError, DistributedChoiceError, format_params
 from ..template.caller import CuteDSLTemplateCaller
@@ -100,14 +101,14 @@ class ChoiceDescription:
 
     kernel: str  # cutedsl_<template>_<hash of the rendered source and the specs>
     template: str
-    params: tuple[tuple[str, Any], ...]
+    params: Params
     specs: str  # ``specs_key`` of the entry's arguments
     workspace: Workspace | None
 
     @staticmethod
     def of(choice: CuteDSLTemplateCaller) -> "ChoiceDescription":
         return ChoiceDescription(choice.name, choice.template.name,
-                                 tuple(choice.params.items()), specs_key(choice.specs),
+                                 choice.params, specs_key(choice.specs),
                                  choice.workspace)
 
     def rebuild(self, input_nodes: list[Any], layout: ir.Layout) -> CuteDSLTemplateCaller:
@@ -117,7 +118,7 @@ class ChoiceDescription:
             raise self.error("no template of that name is registered on this rank")
         try:
             choice = template.generate(input_nodes=list(input_nodes), layout=layout,
-                                       workspace=self.workspace, **dict(self.params))
+                                       workspace=self.workspace, **self.params)
         except Exception as err:
             raise self.error(f"{type(err).__name__}: {err}") from err
         if choice.name != self.kernel:
@@ -128,7 +129,7 @@ class ChoiceDescription:
 
     def error(self, cause: str) -> DistributedChoiceError:
         return DistributedChoiceError(kernel=self.kernel, template=self.template,
-                                      params=format_params(dict(self.params)), cause=cause)
+                                      params=format_params(self.params), cause=cause)
 
 
 _SerializedChoice = torch_distributed._SerializedChoice if supported() else object

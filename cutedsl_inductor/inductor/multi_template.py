@@ -66,7 +66,7 @@ from torch._inductor.virtualized import V
 from .. import config
 from ..autotune.retime import fastest_in_rounds
 from ..compile.specs import Workspace
-from ..runtime.loader import load_kernel
+from ..runtime.loader import load
 from ..template.caller import CuteDSLTemplateCaller
 from . import distributed, prologue
 from .cache_key import fingerprint
@@ -254,9 +254,8 @@ def fused_kernel_call(buffer: Any, plan: Any,
     raises now."""
     from torch._dynamo.testing import rand_strided
 
-    kernel, name, source, specs = render_kernel(buffer, plan)
-    runner = load_kernel(name, source, specs, template=buffer.template.name,
-                         params=buffer.params)
+    kernel, rendered = render_kernel(buffer, plan)
+    runner, name = load(rendered), rendered.name
     hints = V.graph.sizevars.optimization_hints
     args = []
     for position, n in enumerate(kernel.arg_nodes()):

@@ -41,7 +41,7 @@ from torch.utils._ordered_set import OrderedSet
 from .. import config
 from ..autotune.retime import fastest_in_rounds
 from ..compile.specs import Workspace
-from ..runtime.loader import load_kernel
+from ..runtime.loader import load
 from ..template.epilogue import IDENTITY
 from .scheduling import (CuteDSLScheduling, fusion_estimate_ms, is_cutedsl_template,
                          render_kernel)
@@ -145,11 +145,10 @@ def kernel_call(buffer: Any, prologue: Any,
 
     saved, buffer.prologue = buffer.prologue, prologue
     try:
-        kernel, name, source, specs = render_kernel(buffer, IDENTITY)
+        kernel, rendered = render_kernel(buffer, IDENTITY)
     finally:
         buffer.prologue = saved
-    runner = load_kernel(name, source, specs, template=buffer.template.name,
-                         params=buffer.params)
+    runner, name = load(rendered), rendered.name
     hints = V.graph.sizevars.optimization_hints
     args = []
     for n in kernel.arg_nodes():

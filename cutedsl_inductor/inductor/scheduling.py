@@ -42,8 +42,9 @@ from torch.utils._ordered_set import OrderedSet
 
 from .. import config
 from . import cpp_launch
-from ..compile.specs import ArgSpec, Workspace, specs_for_nodes
-from ..runtime.loader import load_exported, load_kernel, write_source
+from ..compile.records import KernelSource
+from ..compile.specs import Workspace, specs_for_nodes
+from ..runtime.loader import load, load_exported, write_source
 from ..template.buffer import CuteDSLTemplateBuffer
 from ..template.epilogue import IDENTITY, EpiloguePlan, plan_epilogue
 from ..template.kernel import name_kernel
@@ -138,17 +139,16 @@ class CuteDSLScheduling(BaseScheduling):
         ever compiled the template alone. The compile is cached (the output code then
         loads it for free); a template whose fused kernel fails to compile stays unfused,
         with a warning that names the template, parameters and generated file."""
-        kernel_name, source, specs = render_kernel(buffer, plan, prologue)[1:]
-        if source in self._failed_sources:
+        rendered = render_kernel(buffer, plan, prologue)[1]
+        if rendered.source in self._failed_sources:
             return False
-        load = load_exported if V.graph.cpp_wrapper else load_kernel
         try:
-            load(kernel_name, source, specs, template=buffer.template.name,
-                 params=buffer.params)
+            (load_exported if V.graph.cpp_wrapper else load)(rendered)
         except Exception as err:  # the nodes stay unfused, never a crash
-            self._failed_sources.add(source)
+            self._failed_sources.add(rendered.source)
             log.warning("not fusing %s into %s: %s",
-                        "a prologue" if prologue is not None else "an epilogue", kernel_name, err)
+                        "a prologue" if prologue is not None else "an epilogue", rendered.name,
+                        err)
             return False
         return True
 
@@ -175,7 +175,7 @@ class CuteDSLScheduling(BaseScheduling):
                 raise NotImplementedError("the fused epilogue no longer translates")
         # never written: removed before mark_run, whose allocations skip removed buffers
         V.graph.removed_buffers |= OrderedSet([*plan.fused_names, *fused_prologue])
-        kernel, kernel_name, source, specs = render_kernel(buffer, plan)
+        kernel, rendered = render_kernel(buffer, plan)
         for node in (*prologue_nodes, template_node, *epilogue_nodes):
             node.mark_run()
         nodes = kernel.arg_nodes()
@@ -184,16 +184,14 @@ class CuteDSLScheduling(BaseScheduling):
         schedule = [*prologue_nodes, template_node, *epilogue_nodes]
         with V.set_kernel_handler(kernel):
             if V.graph.cpp_wrapper:
-                kernel_name = cpp_launch.define_kernel(kernel_name, source, specs,
-                                                       buffer.template.name, buffer.params,
-                                                       schedule)
+                kernel_name = cpp_launch.define_kernel(rendered, schedule)
             else:
-                kernel_name = self.define_kernel(kernel_name, source, specs, buffer, schedule)
+                kernel_name = self.define_kernel(rendered, schedule)
             if scratch is not None:
                 wrapper.generate_workspace_allocation(scratch)
             references = kernel.call_references(None if scratch is None else scratch.get_name())
             if V.graph.cpp_wrapper:
-                cpp_launch.generate_call(kernel_name, nodes, references, specs,
+                cpp_launch.generate_call(kernel_name, nodes, references, rendered.specs,
                                          buffer.get_device())
             else:
                 wrapper.generate_kernel_call(kernel_name, references, triton=True,
@@ -202,18 +200,12 @@ class CuteDSLScheduling(BaseScheduling):
                 wrapper.generate_workspace_deallocation(scratch)
         self.free_buffers_in_scheduler()
 
-    def define_kernel(
-        self,
-        kernel_name: str,
-        source: str,
-        specs: list[ArgSpec],
-        buffer: CuteDSLTemplateBuffer,
-        node_schedule: list[Any],
-    ) -> str:
+    def define_kernel(self, rendered: KernelSource, node_schedule: list[Any]) -> str:
         wrapper = V.graph.wrapper_code
         # One definition per source: the source holds the kernel's name, which hashes the
         # argument specs too (``name_kernel``), so a call site that finds its source here
         # meets the specs of the binary it reuses.
+        kernel_name, source = rendered.name, rendered.source
         if source in wrapper.src_to_kernel:
             return wrapper.src_to_kernel[source]
         wrapper.src_to_kernel[source] = kernel_name
@@ -222,7 +214,7 @@ class CuteDSLScheduling(BaseScheduling):
             "from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec"
         )
         _, path = write_source(source)
-        body = kernel_definition(kernel_name, source, specs, buffer.template.name, buffer.params)
+        body = kernel_definition(rendered)
         origins, detailed = get_kernel_metadata(node_schedule, wrapper)
         metadata = f"# kernel path: {path}\n{origins}\n{detailed}"
         wrapper.define_kernel(kernel_name, body, metadata)
@@ -248,27 +240,27 @@ def _arg_type(node: Any) -> Any:
 
 
 def render_kernel(buffer: CuteDSLTemplateBuffer, plan: EpiloguePlan,
-                  prologue: Any = None) -> tuple[Any, str, str, list[ArgSpec]]:
-    """(kernel, name, source, argument specs) of ``buffer``'s template with ``plan`` and
-    its fused prologue (``prologue``, by default the buffer's own)."""
+                  prologue: Any = None) -> tuple[Any, KernelSource]:
+    """(template kernel, the kernel it renders) of ``buffer``'s template with ``plan``
+    and its fused prologue (``prologue``, by default the buffer's own)."""
     prologue = buffer.prologue if prologue is None else prologue
     kernel, render = buffer.make_kernel_render(buffer, epilogue=plan, prologue=prologue)
     rendered = render()
     specs = specs_for_nodes(kernel.arg_nodes(), buffer.template.symbolic_shapes)
     kernel_name, source = name_kernel(buffer.template.name, rendered, specs)
-    return kernel, kernel_name, source, specs
+    return kernel, KernelSource.of(kernel_name, source, specs, buffer.template.name,
+                                   buffer.params)
 
 
-def kernel_definition(
-    kernel_name: str, source: str, specs: list[ArgSpec], template: str, params: dict[str, Any]
-) -> str:
-    """The expression that defines the kernel in the output code. The source is embedded
-    byte for byte (its compile key must equal the one the autotuner compiled); sources
-    that a raw ''' string cannot hold were rejected when the choice was made."""
+def kernel_definition(kernel: KernelSource) -> str:
+    """The expression that defines ``kernel`` in the output code: ``load_kernel`` of its
+    parts as Python literals (the text the record replaced, unchanged). The source is
+    embedded byte for byte (its compile key must equal the one the autotuner compiled);
+    sources that a raw ''' string cannot hold were rejected when the choice was made."""
     return (
-        f"load_kernel(\n    {kernel_name!r},\n    r'''{source}''',\n"
-        f"    specs={specs!r},\n    template={template!r},\n    params={params!r},\n"
-        f"    inductor=True,\n)"
+        f"load_kernel(\n    {kernel.name!r},\n    r'''{kernel.source}''',\n"
+        f"    specs={list(kernel.specs)!r},\n    template={kernel.template!r},\n"
+        f"    params={dict(kernel.params)!r},\n    inductor=True,\n)"
     )
 
 

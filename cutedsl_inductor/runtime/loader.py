@@ -1,7 +1,8 @@
 """load_kernel: from generated source to a launchable ``CuteDSLKernelWrapper``.
 
 Inductor's output code calls ``load_kernel(name, source, specs, ...)`` once per kernel
-when the output module is imported; autotuning calls it for each choice. CuTe DSL
+when the output module is imported, which wraps them once as a ``KernelSource``
+(``compile/records.py``); autotuning calls ``load`` with a choice's. CuTe DSL
 reads its functions' source (``inspect``, through ``linecache``), so the source is
 written to Inductor's code cache (``PyCodeCache``: a real ``.py`` file, named by its
 hash, shown in errors). What runs is the source held here, never what the file holds:
@@ -33,6 +34,7 @@ import logging
 import sys
 import time
 import types
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from ..compile.compiler import (
     target_arch,
 )
 from ..compile.exported import ExportedKernel, exported_kernel
+from ..compile.records import KernelDescription, KernelSource
 from ..compile.specs import ArgSpec, ScalarSpec
 from .. import counters
 from ..exc import GeneratedCodeError, NotExportableError, format_params
@@ -103,75 +106,71 @@ def import_source(source: str, path: str | None = None) -> tuple[types.ModuleTyp
     return _MODULES.setdefault(digest, module), path
 
 
-def kernel_key(kernel_name: str, source: str, specs: list[ArgSpec]) -> str:
-    """The compile key of ``kernel_name``'s ``@cute.jit`` entry in ``source`` at
-    ``specs``, for the target arch."""
-    return compile_key(source, entry_name(kernel_name), specs, target_arch())
+def kernel_key(kernel: KernelSource) -> str:
+    """The compile key of ``kernel``'s ``@cute.jit`` entry at its specs, for the target
+    arch."""
+    return compile_key(kernel.source, entry_name(kernel.name), kernel.specs, target_arch())
 
 
-def load_kernel(
-    kernel_name: str,
-    source: str,
-    specs: list[ArgSpec],
-    *,
-    template: str | None = None,
-    params: dict[str, Any] | None = None,
-    path: str | None = None,
-    inductor: bool = False,
-) -> CuteDSLKernelWrapper:
+def load_kernel(kernel_name: str, source: str, specs: Sequence[ArgSpec], *,
+                template: str | None = None, params: Mapping[str, Any] | None = None,
+                inductor: bool = False) -> CuteDSLKernelWrapper:
+    """``load`` as the output code calls it: the kernel's parts, written out as Python
+    (``inductor/scheduling.py``'s ``kernel_definition``)."""
+    return load(KernelSource.of(kernel_name, source, specs, template, params),
+                inductor=inductor)
+
+
+def load(kernel: KernelSource, *, path: str | None = None,
+         inductor: bool = False) -> CuteDSLKernelWrapper:
     """``path``: where the source is written already (``import_source``); ``inductor``:
     the caller is Inductor's output code (an upstream-style entry with static specs is
     then launched unchecked: ``runtime/wrapper.py``)."""
     start = time.perf_counter()
     try:
-        return _load(kernel_name, source, specs, template, params, path, inductor)
+        return _load(kernel, path, inductor)
     finally:
         counters.loads.add(calls=1, seconds=time.perf_counter() - start)
 
 
-def load_exported(kernel_name: str, source: str, specs: list[ArgSpec], *,
-                  template: str | None = None,
-                  params: dict[str, Any] | None = None) -> ExportedKernel:
+def load_exported(kernel: KernelSource) -> ExportedKernel:
     """The kernel as Inductor's C++ wrapper launches it (``compile/exported.py``), loaded
     or built first; ``NotExportableError`` where it cannot be."""
-    wrapper = load_kernel(kernel_name, source, specs, template=template, params=params)
+    wrapper = load(kernel)
     if not isinstance(wrapper, TVMFFIKernelWrapper):
         raise NotExportableError(
-            kernel=kernel_name, template=template,
+            kernel=kernel.name, template=kernel.template,
             reason="its entry is a plain Python function (an upstream-style module, launched "
                    "through CuTe's JitExecutor); only @cute.jit entries export")
-    return exported_kernel(kernel_key(kernel_name, source, specs), specs, kernel=kernel_name,
-                           template=template)
+    return exported_kernel(kernel_key(kernel), kernel.specs, kernel=kernel.name,
+                           template=kernel.template)
 
 
-def describe_kernel(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
-                    params: dict[str, Any] | None, path: str | None = None) -> dict[str, Any]:
-    """What errors and cache manifests say of a kernel (``compiler.compile_entry``)."""
-    return {"kernel": kernel_name, "template": template, "params": params or {},
-            "path": path or source_file(source)[1],
-            "signature": ", ".join(spec.describe() for spec in specs)}
+def describe_kernel(kernel: KernelSource, path: str | None = None) -> KernelDescription:
+    """What errors and cache manifests say of ``kernel`` (``compiler.compile_entry``),
+    its source written at ``path`` (by default, where ``source_file`` writes it)."""
+    return kernel.describe(path or source_file(kernel.source)[1])
 
 
-def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | None,
-          params: dict[str, Any] | None, path: str | None,
-          inductor: bool) -> CuteDSLKernelWrapper:
-    key = kernel_key(kernel_name, source, specs)
-    describe = describe_kernel(kernel_name, source, specs, template, params, path)
-    cached = cached_kernel(key, describe | {"arch": target_arch()})
+def _load(kernel: KernelSource, path: str | None, inductor: bool) -> CuteDSLKernelWrapper:
+    key = kernel_key(kernel)
+    describe = describe_kernel(kernel, path)
+    specs, template = kernel.specs, kernel.template
+    cached = cached_kernel(key, describe.at(target_arch()))
     if cached is not None:
-        kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, describe["path"])
-        return TVMFFIKernelWrapper(cached[0], describe["path"], kernel_name=kernel_name,
+        kernel_code_log.info("CuteDSL kernel %s: %s", kernel.name, describe.path)
+        return TVMFFIKernelWrapper(cached[0], describe.path, kernel_name=kernel.name,
                                    template=template, specs=specs, origin=cached[1])
-    module, path = import_source(source, path)
-    kernel_code_log.info("CuteDSL kernel %s: %s", kernel_name, path)
-    name = entry_name(kernel_name)
+    module, path = import_source(kernel.source, path)
+    kernel_code_log.info("CuteDSL kernel %s: %s", kernel.name, path)
+    name = entry_name(kernel.name)
     entry = getattr(module, name, None)
     if entry is None:
         available = sorted(n for n, v in vars(module).items()
                            if callable(v) and not n.startswith("_"))
         raise GeneratedCodeError(
             template=template,
-            params=format_params(params or {}),
+            params=format_params(kernel.params),
             cause=f"no entry point {name!r}; callables: {available}",
             path=path,
         )
@@ -179,7 +178,7 @@ def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | N
     if is_cute_jit(entry):
         compiled, origin = compile_entry(entry, specs, key=key, arch=arch, describe=describe)
         return TVMFFIKernelWrapper(
-            compiled, path, kernel_name=kernel_name, template=template, specs=specs,
+            compiled, path, kernel_name=kernel.name, template=template, specs=specs,
             origin=origin,
         )
     # imports CuTe DSL, which the module that just ran imported
@@ -188,4 +187,4 @@ def _load(kernel_name: str, source: str, specs: list[ArgSpec], template: str | N
     upstream.adopt(module, arch, describe)
     static = all(isinstance(s, ScalarSpec) or s.static_layout is not None for s in specs)
     wrapper = InductorEntryWrapper if inductor and static else CuteDSLKernelWrapper
-    return wrapper(entry, path, kernel_name=kernel_name, template=template, specs=specs)
+    return wrapper(entry, path, kernel_name=kernel.name, template=template, specs=specs)

@@ -123,9 +123,8 @@ def _build_with_the_tier(request: Any, key: str) -> str | None:
     request's knobs are patched in only around what reads them (``_key_to_build``)."""
     with config.patch(**_changed(request.knobs)):
         build, remote = _build_for(request), config.remote_cache
-        describe = describe_kernel(build.kernel_name, build.source, build.specs,
-                                   build.template, build.params, build.path)
-        cached = remote and compiler.cached_kernel(key, describe | {"arch": build.knobs["arch"]})
+        describe = describe_kernel(build.kernel, build.path)
+        cached = remote and compiler.cached_kernel(key, describe.at(build.knobs["arch"]))
     if cached:
         return cached[1]
     origin = _build_in_a_worker(request, build)
@@ -212,8 +211,9 @@ def _build_in_a_worker(request: Any, build: Build) -> str | None:
             _retire(worker)
             why = _what_happened(worker, err)
             if retried:
-                raise CompileWorkerError(kernel=request.kernel_name, template=request.template,
-                                         params=format_params(request.params),
+                raise CompileWorkerError(kernel=request.kernel_name,
+                                         template=request.kernel.template,
+                                         params=format_params(request.kernel.params),
                                          cause=f"in a second worker too, the worker {why}"
                                          ) from err
             log.warning("a compile worker %s building %s; it was stopped, and the kernel "
@@ -257,10 +257,9 @@ def _what_happened(worker: Worker, err: BaseException) -> str:
 def _build_for(request: Any) -> Build:
     """``request`` as a worker's ``Build`` (called under its knobs): its source written
     here, its cache folder resolved, the remote tier off."""
-    return Build(request.kernel_name, request.source, request.specs, request.template,
-                 request.params,
+    return Build(request.kernel,
                  request.knobs | {"cache_dir": str(default_root()), "remote_cache": False},
-                 source_file(request.source)[1])
+                 source_file(request.kernel.source)[1])
 
 
 def _give_up(reason: str) -> None:
@@ -332,7 +331,7 @@ def _compiles_when_loaded(request: Any) -> bool:
     """A ``@cute.jit`` entry compiles when loaded; an upstream-style entry compiles in
     its first call, here (nothing a worker could do ahead)."""
     return re.search(rf"@cute\.jit\s*\ndef {entry_name(request.kernel_name)}\(",
-                     request.source) is not None
+                     request.kernel.source) is not None
 
 
 def _changed(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +358,7 @@ def _key_to_build(request: Any, background: bool) -> str | None:
         return None
     with config.patch(**changed):
         cache = default_cache()
-        key = kernel_key(request.kernel_name, request.source, request.specs)
+        key = kernel_key(request.kernel)
         usable = cache.mode.writable and key not in compiler._COMPILED and not cache.has(key)
     return key if usable else None
 

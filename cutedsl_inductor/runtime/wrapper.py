@@ -19,6 +19,7 @@ kernel, template, expected and actual arguments and the generated file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..compile.specs import ArgSpec, describe_value, mismatch
@@ -33,7 +34,7 @@ class CuteDSLKernelWrapper:
         *,
         kernel_name: str = "",
         template: str | None = None,
-        specs: list[ArgSpec] | None = None,
+        specs: Sequence[ArgSpec] | None = None,
         origin: str | None = None,
     ) -> None:
         self.kernel_fn = kernel_fn

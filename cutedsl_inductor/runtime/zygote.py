@@ -60,10 +60,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..catalog import BUILTIN_TEMPLATES
 from ..exc import CuteDSLInductorError
+
+if TYPE_CHECKING:  # the package's import reads this module, and must not import torch
+    from ..compile.records import KernelSource
 
 READY = "ready"
 # set in the zygote's environment (read by the package's ``__init__``)
@@ -196,16 +199,11 @@ class Worker:
 
 
 class Build(NamedTuple):
-    """What a worker is asked to build: a kernel's ``load_kernel`` arguments, the knobs
-    that locate its binary (the cache folder resolved: the worker does not ask
-    Inductor; the remote tier off), and the path where the requesting process wrote its
-    source."""
+    """What a worker is asked to build: the kernel, the knobs that locate its binary (the
+    cache folder resolved: the worker does not ask Inductor; the remote tier off), and
+    the path where the requesting process wrote its source."""
 
-    kernel_name: str
-    source: str
-    specs: list[Any]
-    template: str | None
-    params: dict[str, Any]
+    kernel: KernelSource
     knobs: dict[str, Any]
     path: str
 
@@ -215,12 +213,11 @@ class Build(NamedTuple):
         would be answered from there though that cache (another, since) lacks it."""
         from .. import config
         from ..compile import compiler
-        from .loader import load_kernel
+        from .loader import load
 
         compiler._COMPILED.clear()
         with config.patch(**self.knobs):
-            return load_kernel(self.kernel_name, self.source, self.specs,
-                               template=self.template, params=self.params, path=self.path)
+            return load(self.kernel, path=self.path)
 
 
 class Failed(NamedTuple):

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch._inductor import ir
 
+from ..compile.records import Params
+
 
 class CuteDSLTemplateBuffer(ir.TemplateBuffer):
     def __init__(
@@ -22,7 +24,7 @@ class CuteDSLTemplateBuffer(ir.TemplateBuffer):
         inputs: Sequence[ir.IRNode],
         make_kernel_render: Any,
         template: Any,
-        params: dict[str, Any],
+        params: Params,
         mutated_inputs: Iterable[ir.IRNode] | None = None,
     ) -> None:
         super().__init__(layout, inputs, make_kernel_render)

@@ -35,9 +35,9 @@ from ..autotune.benchmark_request import (
     workspace_call,
 )
 from ..compile import versions
+from ..compile.records import KernelSource, Params
 from ..compile.specs import ArgSpec, Workspace, specs_key
-from ..exc import format_params
-from ..runtime.loader import load_exported, load_kernel
+from ..runtime.loader import load, load_exported
 from ..runtime.workers import build_in_worker, prefetch
 from .buffer import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
@@ -68,7 +68,7 @@ class KernelRender:
     """``make_kernel_render`` of a chosen template: builds the kernel for the final
     output node; ``render()`` then returns source with the name placeholder in it."""
 
-    def __init__(self, template: Any, input_nodes: list[Any], params: dict[str, Any],
+    def __init__(self, template: Any, input_nodes: list[Any], params: Params,
                  subgraphs: list[Any] | None = None, workspace: Workspace | None = None):
         self.template = template
         self.input_nodes = input_nodes
@@ -89,13 +89,10 @@ class KernelRender:
 class CuteDSLTemplateCaller(ir.ChoiceCaller):
     def __init__(
         self,
-        name: str,
+        kernel: KernelSource,
         input_nodes: list[Any],
         layout: ir.Layout,
         template: Any,
-        params: dict[str, Any],
-        source: str,
-        specs: list[ArgSpec],
         extra_args: list[int],
         input_views: list[InputView],
         mutated_inputs: list[Any] | None = None,
@@ -103,29 +100,25 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         workspace: Workspace | None = None,
     ) -> None:
         super().__init__(
-            name=name,
+            name=kernel.name,
             input_nodes=input_nodes,
             layout=layout,
-            description=f"CuteDSL {template.name} ({format_params(params)})",
+            description=f"CuteDSL {template.name} ({kernel.params})",
         )
         self.template = template
-        self.params = params
-        self.source = source
-        self.specs = specs
+        self.kernel = kernel
         self.extra_args = extra_args
         self.input_views = input_views
         self.mutated_inputs = mutated_inputs
         self.workspace = workspace
-        self.make_kernel_render = KernelRender(template, input_nodes, params, subgraphs,
-                                               workspace)
+        self.make_kernel_render = KernelRender(template, input_nodes, kernel.params,
+                                               subgraphs, workspace)
         # Inductor's picklable request, for autotuning in a subprocess
         self.bmreq = CuteDSLBenchmarkRequest(
-            name,
+            kernel.name,
             [argument_meta(node, view.size, view.stride)
              for node, view in zip(input_nodes, input_views)],
-            TensorMeta.from_irnodes(layout), extra_args,
-            source=source, specs=specs, template=template.name, params=params,
-            workspace=workspace,
+            TensorMeta.from_irnodes(layout), extra_args, kernel=kernel, workspace=workspace,
         )
         self.failure: Exception | None = None
         self._wrapper: Any = None
@@ -133,17 +126,27 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.exported = bool(V.graph.cpp_wrapper)
         prefetch(self.bmreq)
 
+    @property
+    def source(self) -> str:
+        return self.kernel.source
+
+    @property
+    def specs(self) -> tuple[ArgSpec, ...]:
+        return self.kernel.specs
+
+    @property
+    def params(self) -> Params:
+        return self.kernel.params
+
     # -- autotuning ----------------------------------------------------------------
 
     def load(self) -> Any:
         """The kernel's wrapper; for the C++ wrapper, ``NotExportableError`` where the
         kernel does not export (``runtime.loader.load_exported``)."""
         if self._wrapper is None:
-            wrapper = load_kernel(self.name, self.source, self.specs,
-                                  template=self.template.name, params=self.params)
+            wrapper = load(self.kernel)
             if self.exported:
-                load_exported(self.name, self.source, self.specs, template=self.template.name,
-                              params=self.params)
+                load_exported(self.kernel)
             self._wrapper = wrapper
         return self._wrapper
 
@@ -189,7 +192,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self.failure = err
         log.warning(
             "dropping CuteDSL choice %s (template %r, parameters [%s]): %s",
-            self.name, self.template.name, format_params(self.params), err,
+            self.name, self.template.name, self.params, err,
         )
 
     # -- ChoiceCaller interface ----------------------------------------------------

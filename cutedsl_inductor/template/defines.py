@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import keyword
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,13 +40,13 @@ def define_literal(name: str, value: Any) -> str:
     )
 
 
-def check_names(params: dict[str, Any]) -> None:
+def check_names(params: Mapping[str, Any]) -> None:
     for name in params:
         if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
             raise ValueError(f"template parameter name {name!r} is not a Python identifier")
 
 
-def gen_defines(params: dict[str, Any]) -> str:
+def gen_defines(params: Mapping[str, Any]) -> str:
     check_names(params)
     return "".join(
         f"{name}: cutlass.Constexpr = {define_literal(name, value)}\n"

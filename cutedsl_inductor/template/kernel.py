@@ -58,6 +58,7 @@ statements are translated at once, so a refusal raises while rendering),
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from torch._inductor import ir
@@ -142,7 +143,7 @@ class CuteDSLTemplateKernel(Kernel):
         kernel_name: str,
         input_nodes: list[Any],
         output_node: Any,
-        params: dict[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
         epilogue: EpiloguePlan = IDENTITY,
         subgraphs: list[Any] | None = None,
         template_name: str = "",

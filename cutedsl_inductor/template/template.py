@@ -30,6 +30,7 @@ benchmarks as ``inf``, so Inductor picks another choice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jinja2
@@ -39,6 +40,7 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from ..compile.compiler import target_arch
+from ..compile.records import KernelSource
 from ..compile.specs import Workspace, specs_for_nodes
 from ..exc import (
     ChoiceError,
@@ -148,13 +150,10 @@ class CuteDSLTemplate:
         extra_args = [hint(n) for n in nodes
                       if not hasattr(n, "get_size") and not isinstance(n, Workspace)]
         return CuteDSLTemplateCaller(
-            name=kernel_name,
+            kernel=KernelSource.of(kernel_name, source, specs, self.name, params),
             input_nodes=input_nodes,
             layout=layout,
             template=self,
-            params=params,
-            source=source,
-            specs=specs,
             extra_args=extra_args,
             input_views=[InputView.of(node) for node in input_nodes],
             mutated_inputs=mutated_inputs,
@@ -191,7 +190,7 @@ def _fixed(node: Any) -> Any:
     return node
 
 
-def _check_python(template: str, params: dict[str, Any], source: str) -> None:
+def _check_python(template: str, params: Mapping[str, Any], source: str) -> None:
     """Valid Python, and embeddable in the output code as a raw ''' string."""
     try:
         compile(source, f"<cutedsl template {template}>", "exec")

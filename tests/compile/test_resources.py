@@ -15,8 +15,8 @@ from cutedsl_inductor.runtime.loader import describe_kernel, import_source
 
 def resources_of(choice, template_name):
     module, path = import_source(choice.source)
-    describe = describe_kernel(choice.name, choice.source, choice.specs, template_name,
-                               choice.params, path)
+    assert choice.kernel.template == template_name
+    describe = describe_kernel(choice.kernel, path)
     return compile_with_resources(getattr(module, entry_name(choice.name)), choice.specs,
                                   "sm_90a", describe)
 

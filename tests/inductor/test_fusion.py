@@ -112,7 +112,7 @@ def test_the_fused_kernel_follows_the_choice_put_on_the_buffer(max_autotune):
         assert template.node.params == first.params
         use_choice(template.node, second)
         plan = CuteDSLScheduling(scheduler).epilogue_plan([template, consumer])
-        source = render_kernel(template.node, plan)[2]
+        source = render_kernel(template.node, plan)[1].source
     assert plan is not None and "_epilogue(" in source
     for name, value in second.params.items():
         assert f"{name}: cutlass.Constexpr = {value!r}" in source

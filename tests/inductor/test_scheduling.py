@@ -8,6 +8,7 @@ from torch._inductor.codegen.common import (
 )
 
 import cutedsl_inductor
+from cutedsl_inductor.compile.records import KernelSource
 from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
 from cutedsl_inductor.inductor.scheduling import (
     CuteDSLCombinedScheduling,
@@ -36,8 +37,9 @@ def test_output_code_embeds_the_source_byte_for_byte(graph):
     inputs = [make_input(graph, "arg0_1", (64, 128)), make_input(graph, "arg1_1", (64, 128))]
     choice = add_template.generate(input_nodes=inputs, layout=make_layout((64, 128)),
                                    THREADS=128, VECTOR=4)
-    body = kernel_definition(choice.name, choice.source, choice.specs, "elementwise_add",
+    kernel = KernelSource.of(choice.name, choice.source, choice.specs, "elementwise_add",
                              {"THREADS": 128, "DTYPE": torch.float16})
+    body = kernel_definition(kernel)
     header = IndentedBuffer()  # how Inductor's wrapper writes kernel definitions
     header.splice(f"\n\n# comment\n{choice.name} = {body}")
     namespace = {"load_kernel": lambda *args, **kwargs: (args, kwargs),
@@ -45,8 +47,11 @@ def test_output_code_embeds_the_source_byte_for_byte(graph):
     exec(compile(header.getvalue(), "output_code", "exec"), namespace)
     (name, source), kwargs = namespace[choice.name]
     assert name == choice.name and source == choice.source
-    assert kwargs["specs"] == choice.specs
+    assert kwargs["specs"] == list(choice.specs)
     assert kwargs["params"] == {"THREADS": 128, "DTYPE": torch.float16}
+    # what the output code's load_kernel wraps is the record that was written
+    assert KernelSource.of(name, source, kwargs["specs"], kwargs["template"],
+                           kwargs["params"]) == kernel
 
 
 def specs_of(definition):

@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ... import config
 from ...exc import CacheEntryError
@@ -64,6 +64,9 @@ from . import cache_inventory
 from .cache_files import Folder, make_dirs
 from .integrity import check_seal, file_problem, read_secret, seal
 from .objects import link_library, load_library, load_object, symbol_for
+
+if TYPE_CHECKING:  # ``cache info|clear`` read this module, and must not import torch
+    from ..records import KernelDescription
 
 log = logging.getLogger(__name__)
 
@@ -392,9 +395,9 @@ class Loaded(NamedTuple):
     fields: dict[str, Any]  # its manifest's MANIFEST_FIELDS
 
 
-def manifest_fields(describe: dict[str, Any]) -> dict[str, Any]:
-    """The manifest fields of a kernel that ``describe`` (kernel, template, arch, path,
-    signature, params) describes."""
-    fields = {name: describe.get(name) for name in MANIFEST_FIELDS}
-    fields["params"] = {k: repr(v) for k, v in describe.get("params", {}).items()}
+def manifest_fields(describe: KernelDescription) -> dict[str, Any]:
+    """The manifest fields of the kernel ``describe`` describes (the parameters as their
+    reprs)."""
+    fields = {name: getattr(describe, name) for name in MANIFEST_FIELDS}
+    fields["params"] = {k: repr(v) for k, v in describe.params.items()}
     return fields

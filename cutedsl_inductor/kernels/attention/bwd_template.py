@@ -35,6 +35,7 @@ from typing import Any
 from torch._inductor import ir
 
 from ... import config
+from ...compile.records import Params
 from ...compile.specs import Workspace, static_ints
 from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
@@ -183,10 +184,10 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
     return "; ".join(errors) if len(errors) == len(configs) else None
 
 
-def bwd_params_of(cfg: FlexBwdConfig) -> dict[str, Any]:
-    return dict(HEAD_DIM=cfg.head_dim, STAGES=cfg.stages, SPARSE_Q_BLOCK=cfg.sparse_q_block,
+def bwd_params_of(cfg: FlexBwdConfig) -> Params:
+    return Params.of(dict(HEAD_DIM=cfg.head_dim, STAGES=cfg.stages, SPARSE_Q_BLOCK=cfg.sparse_q_block,
                 SPARSE_KV_BLOCK=cfg.sparse_kv_block, HAS_FULL_BLOCKS=cfg.has_full_blocks,
-                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined, FUSED_DQ=cfg.fused_dq)
+                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined, FUSED_DQ=cfg.fused_dq))
 
 
 def dq_workspace(query: Any) -> Workspace:

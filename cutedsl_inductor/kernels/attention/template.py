@@ -26,6 +26,7 @@ import torch
 from ...compile.specs import static_ints
 from ... import config
 from ...compile.compiler import target_arch
+from ...compile.records import Params
 from ...template.subgraph import ModificationSubgraph
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex  # noqa: F401  (the rendered module imports it: fail early)
@@ -137,8 +138,8 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
     return "; ".join(errors) if len(errors) == len(configs) else None
 
 
-def params_of(cfg: FlexConfig) -> dict[str, Any]:
-    return dict(HEAD_DIM=cfg.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+def params_of(cfg: FlexConfig) -> Params:
+    return Params.of(dict(HEAD_DIM=cfg.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
                 SPARSE_Q_BLOCK=cfg.sparse_q_block, SPARSE_KV_BLOCK=cfg.sparse_kv_block,
                 HAS_FULL_BLOCKS=cfg.has_full_blocks, SM_SCALE=cfg.sm_scale,
-                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong)
+                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong))

@@ -29,7 +29,7 @@ def add_choice(graph, threads=128, shape=(64, 128), dtype=torch.float32):
 
 
 def key_of(choice):
-    return kernel_key(choice.name, choice.source, choice.specs)
+    return kernel_key(choice.kernel)
 
 
 def fresh_process_load(graph, **kwargs):
