@@ -1,5 +1,5 @@
-"""Whether a GEMM problem suits ``Sm90Gemm``: ``why_not`` (the reason, or None) and
-``can_implement``.
+"""``GemmProblem``: one GEMM as ``Sm90Gemm`` sees it, and whether it suits the kernel
+(``why_not``: the reason, or None).
 
 The kernel's contract: A and B both bf16 or both fp16, or both FP8 (e4m3 or e5m2, each
 K-major: FP8 WGMMA reads no other layout from shared memory), C bf16, fp16 or fp32 (fp32
@@ -9,80 +9,131 @@ the batch stride is unused but still declared divisible); M, N, K >= 1 and below
 tails handled; with ``store="tma"`` also ``N * sizeof(C) % 16 == 0`` (the TMA store
 clips the N tail only to 16 bytes, so it would write past column N).
 ``standalone.make_fake_gemm_args`` declares exactly these contracts.
+
+A problem is frozen and well formed by construction (majors the kernel names, integer
+sizes and strides, three batch strides): ``RecordError`` naming the field otherwise. A
+well-formed problem the kernel cannot run is ``why_not``'s to say.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any
 
 import torch
 
-from .config import FP8_DTYPES, GemmConfig, config_error, gemm_dtype
+from ...exc import RecordError
+from .config import FP8_DTYPES, GemmConfig, gemm_dtype
 
-__all__ = ["why_not", "can_implement"]
+__all__ = ["GemmProblem"]
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MAJORS = {"a_major": ("k", "m"), "b_major": ("k", "n")}
 
 
-def why_not(
-    a_dtype: Any, b_dtype: Any, out_dtype: Any, a_major: str, b_major: str,
-    m: int, n: int, k: int, l: int = 1, bias_dtype: Any = None,
-    lda: Optional[int] = None, ldb: Optional[int] = None,
-    ldc: Optional[int] = None, batch_strides: Optional[tuple] = None,
-    config: Any = None,
-) -> Optional[str]:
-    """Return why a problem cannot run on the kernel (with ``config``, if given), or None.
+def _refuse(field: str, value: Any, reason: str) -> RecordError:
+    return RecordError(record="GemmProblem", field=field, value=value, reason=reason)
 
-    ``a_major`` is "k" (row-major A) or "m"; ``b_major`` is "k" or "n" (``sm90_gemm``'s
-    convention). ``lda/ldb/ldc`` are the non-unit leading strides in elements (default:
-    the compact value), ``batch_strides`` the (A, B, C) batch strides in elements
-    (default compact; ignored if l == 1). ``config``: a ``GemmConfig`` or its fields as
-    a dict (then validated too).
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """C (M x N, batch L) = A (M x K) @ B (K x N), in ``sm90_gemm``'s convention.
+
+    ``a_major`` is "k" (row-major A) or "m"; ``b_major`` is "k" or "n". Dtypes are torch
+    dtypes, CuTe DSL types or short names (``gemm_dtype``). ``lda/ldb/ldc`` are the
+    non-unit leading strides in elements (None: the compact value), ``batch_strides``
+    the (A, B, C) batch strides in elements (None: compact; unused where l == 1).
     """
-    ak, bk, ck = gemm_dtype(a_dtype), gemm_dtype(b_dtype), gemm_dtype(out_dtype)
-    fp8 = ak in FP8_DTYPES and bk in FP8_DTYPES
-    if not fp8 and (ak not in (torch.bfloat16, torch.float16) or ak != bk):
-        return (f"A/B dtypes must both be bf16 or both fp16, or both FP8 (got {a_dtype}, "
-                f"{b_dtype})")
-    if ck not in _OUT_DTYPES:
-        return f"output dtype {out_dtype} unsupported"
-    if bias_dtype is not None and gemm_dtype(bias_dtype) not in _OUT_DTYPES:
-        return f"bias dtype {bias_dtype} unsupported"
-    if a_major not in ("k", "m"):
-        return f"a_major must be 'k' or 'm', got {a_major!r}"
-    if b_major not in ("k", "n"):
-        return f"b_major must be 'k' or 'n', got {b_major!r}"
-    if fp8 and (a_major, b_major) != ("k", "k"):
-        return (f"FP8 WGMMA reads K-major operands only: A row-major (M x K) and B "
-                f"column-major (K x N), got a_major={a_major!r}, b_major={b_major!r}")
-    for name, v in (("m", m), ("n", n), ("k", k), ("l", l)):
-        if int(v) < 1:
-            return f"{name}={v} must be >= 1"
-        if int(v) >= 2**31:
-            return f"{name}={v} too large for int32 indexing"
-    ab, bb, cb = ak.itemsize, bk.itemsize, ck.itemsize
-    lda = lda if lda is not None else (k if a_major == "k" else m)
-    ldb = ldb if ldb is not None else (k if b_major == "k" else n)
-    ldc = ldc if ldc is not None else n
-    for name, ld, eb in (("lda", lda, ab), ("ldb", ldb, bb), ("ldc", ldc, cb)):
-        if (ld * eb) % 16:
-            return f"{name}={ld} elements is not a multiple of 16 bytes (TMA)"
-    if l > 1:
-        bs = batch_strides or (m * k, n * k, m * n)
-        for name, s, eb in zip(("A", "B", "C"), bs, (ab, bb, cb)):
-            if (int(s) * eb) % 16:
-                return f"batch stride of {name} ({s}) is not a multiple of 16 bytes"
-    if isinstance(config, dict):
-        err = config_error(**config)
-        if err is not None:
-            return err
-        config = GemmConfig(**config)
-    if config is not None and config.store == "tma" and (n * cb) % 16:
-        return (f"n={n} is not a multiple of {16 // cb}: the TMA-store epilogue "
-                "needs 16-byte rows; use store='direct'")
-    return None
+
+    a_dtype: Any
+    b_dtype: Any
+    out_dtype: Any
+    a_major: str
+    b_major: str
+    m: int
+    n: int
+    k: int
+    l: int = 1
+    bias_dtype: Any = None
+    lda: int | None = None
+    ldb: int | None = None
+    ldc: int | None = None
+    batch_strides: tuple[int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        for field, accepted in _MAJORS.items():
+            if getattr(self, field) not in accepted:
+                raise _refuse(field, getattr(self, field), f"expected one of {accepted}")
+        for field in ("m", "n", "k", "l", "lda", "ldb", "ldc"):
+            value = getattr(self, field)
+            if not (value is None and field.startswith("ld") or _is_int(value)):
+                raise _refuse(field, value, "expected an int (a size hint)")
+        strides = self.batch_strides
+        if strides is not None and not (isinstance(strides, tuple) and len(strides) == 3
+                                        and all(map(_is_int, strides))):
+            raise _refuse("batch_strides", strides, "expected None or three ints (A, B, C)")
+
+    def replace(self, **changes: Any) -> "GemmProblem":
+        return dataclasses.replace(self, **changes)
+
+    def swapped(self) -> "GemmProblem":
+        """The kernel's problem under swap-AB: C^T (N x M, column-major) = B A^T."""
+        batch = self.batch_strides
+        return self.replace(
+            a_dtype=self.b_dtype, b_dtype=self.a_dtype, m=self.n, n=self.m,
+            lda=self.ldb, ldb=self.lda,
+            a_major={"k": "k", "n": "m"}[self.b_major],
+            b_major={"k": "k", "m": "n"}[self.a_major],
+            batch_strides=(batch[1], batch[0], batch[2]) if batch else None)
+
+    def why_not(self, config: GemmConfig | None = None) -> str | None:
+        """Why the kernel (with ``config``, where given) cannot run this problem, or
+        None."""
+        ak, bk, ck = (gemm_dtype(self.a_dtype), gemm_dtype(self.b_dtype),
+                      gemm_dtype(self.out_dtype))
+        fp8 = ak in FP8_DTYPES and bk in FP8_DTYPES
+        if not fp8 and (ak not in (torch.bfloat16, torch.float16) or ak != bk):
+            return (f"A/B dtypes must both be bf16 or both fp16, or both FP8 (got "
+                    f"{self.a_dtype}, {self.b_dtype})")
+        if ck not in _OUT_DTYPES:
+            return f"output dtype {self.out_dtype} unsupported"
+        if self.bias_dtype is not None and gemm_dtype(self.bias_dtype) not in _OUT_DTYPES:
+            return f"bias dtype {self.bias_dtype} unsupported"
+        if fp8 and (self.a_major, self.b_major) != ("k", "k"):
+            return (f"FP8 WGMMA reads K-major operands only: A row-major (M x K) and B "
+                    f"column-major (K x N), got a_major={self.a_major!r}, "
+                    f"b_major={self.b_major!r}")
+        return self._size_error() or self._stride_error(ak.itemsize, bk.itemsize,
+                                                        ck.itemsize, config)
+
+    def _size_error(self) -> str | None:
+        for name in ("m", "n", "k", "l"):
+            value = getattr(self, name)
+            if value < 1:
+                return f"{name}={value} must be >= 1"
+            if value >= 2**31:
+                return f"{name}={value} too large for int32 indexing"
+        return None
+
+    def _stride_error(self, ab: int, bb: int, cb: int, config: GemmConfig | None
+                      ) -> str | None:
+        m, n, k = self.m, self.n, self.k
+        lda = self.lda if self.lda is not None else (k if self.a_major == "k" else m)
+        ldb = self.ldb if self.ldb is not None else (k if self.b_major == "k" else n)
+        ldc = self.ldc if self.ldc is not None else n
+        for name, ld, eb in (("lda", lda, ab), ("ldb", ldb, bb), ("ldc", ldc, cb)):
+            if (ld * eb) % 16:
+                return f"{name}={ld} elements is not a multiple of 16 bytes (TMA)"
+        if self.l > 1:
+            for name, s, eb in zip(("A", "B", "C"),
+                                   self.batch_strides or (m * k, n * k, m * n), (ab, bb, cb)):
+                if (s * eb) % 16:
+                    return f"batch stride of {name} ({s}) is not a multiple of 16 bytes"
+        if config is not None and config.store == "tma" and (n * cb) % 16:
+            return (f"n={n} is not a multiple of {16 // cb}: the TMA-store epilogue "
+                    "needs 16-byte rows; use store='direct'")
+        return None
 
 
-def can_implement(*args: Any, **kwargs: Any) -> bool:
-    """``why_not(...) is None``; same arguments as :func:`why_not`."""
-    return why_not(*args, **kwargs) is None
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -8,7 +8,7 @@ For every batch index ``l`` (``_scaled_mm`` has one)::
 A and B are FP8 (e4m3 or e5m2, either mix), both K-major: FP8 WGMMA reads no other
 layout from shared memory, and ``_scaled_mm``'s operands are that (A row-major, B
 column-major, the K x N matrix whose (N, K) view is K-major); the kernel raises
-``ValueError`` on another one while it is traced (``problem.why_not`` says so up
+``ValueError`` on another one while it is traced (``GemmProblem.why_not`` says so up
 front). The config must say ``fp8=True`` (``GemmConfig``: its shared-memory check
 counts one-byte operands). Accumulation in fp32 in the WGMMA accumulator throughout,
 as cuBLAS's ``use_fast_accum=True``: no promotion into a second accumulator every few

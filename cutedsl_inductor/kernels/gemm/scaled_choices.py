@@ -8,7 +8,7 @@ with ``config.gemm_exhaustive``), the template's ``SCALE_A`` / ``SCALE_B`` sayin
 scale's kind. It returns None, or why the problem gets no choice (also logged at debug):
 
 * the checks of the bf16 GEMM's (``template.operand_problem``: sm_90, CUDA, aligned,
-  runtime strides known to be 16-byte multiples) and ``problem.why_not``'s: FP8
+  runtime strides known to be 16-byte multiples) and ``GemmProblem.why_not``'s: FP8
   operands, K-major both (A row-major, B column-major: what ``_scaled_mm`` takes; FP8
   WGMMA reads nothing else), a bf16, fp16 or fp32 output;
 * scales other than fp32 tensorwise (one element: every size 1, rank 0 included) or
@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from .heuristic import fp8_configs
-from .problem import why_not
 from .template import append_choices, operand_problem, ranked_configs
 
 log = logging.getLogger(__name__)
@@ -93,8 +92,8 @@ def scaled_mm_choices(choices: list[Any], nodes: list[Any], layout: Any,
     if reason is None:
         problem, reason = operand_problem(nodes[0], nodes[1], layout, same_dtype=False)
     if reason is None and len(nodes) > 4:
-        problem["bias_dtype"] = nodes[4].get_dtype()
-        reason = why_not(**problem)
+        problem = problem.replace(bias_dtype=nodes[4].get_dtype())
+        reason = problem.why_not()
     if reason is not None:
         log.debug("no CuteDSL scaled_mm choice: %s", reason)
         return reason

@@ -22,7 +22,8 @@ torch's operands. docs/gemm.md is the design in full; in short:
 
 Failure semantics: an invalid config raises ``ValueError`` (``GemmConfig``) at
 construction; unsupported dtypes or layouts found while tracing raise ``ValueError``
-before any MLIR is emitted. ``problem.why_not`` says up front whether a problem suits.
+before any MLIR is emitted. ``GemmProblem.why_not`` says up front whether a problem
+suits.
 Fusing: subclass and override ``epilogue_prefetch`` / ``epilogue_op`` /
 ``epilogue_tile_input`` (``epilogue.EpilogueHooks``).
 """

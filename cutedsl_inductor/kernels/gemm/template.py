@@ -36,6 +36,7 @@ import torch
 
 from ... import config
 from ...compile.compiler import target_arch
+from ...compile.records import Params
 from ...compile.specs import is_aligned
 from ...template.template import CuteDSLTemplate
 
@@ -44,7 +45,7 @@ from ...template.template import CuteDSLTemplate
 from . import sm90_gemm  # noqa: F401
 from .config import DEFAULT_GROUP_SIZE, GemmConfig
 from .heuristic import pick_configs, swiglu_configs
-from .problem import why_not
+from .problem import GemmProblem
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
 
 
 def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,
-            scales: tuple[str, str] | None = None) -> dict[str, Any]:
+            scales: tuple[str, str] | None = None) -> Params:
     """The template's parameters for ``cfg``; ``scales``: ``_scaled_mm``'s (A's, B's)
     kinds, "tensor" or "row" / "col" (``scaled_choices.py``)."""
     params = {
@@ -216,7 +217,7 @@ def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,
         params["SCALE_A"], params["SCALE_B"] = scales
     if cfg.pdl:
         params["PDL"] = True
-    return params
+    return Params.of(params)
 
 
 def _operand_layout(node: Any, unit_last: str, unit_second: str) -> tuple[str | None, Any]:
@@ -234,15 +235,14 @@ def _is_runtime(expr: Any) -> bool:
     return bool(getattr(expr, "free_symbols", None))
 
 
-def gemm_problem(nodes: list[Any], layout: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(``problem.why_not`` arguments, None) for a problem the kernel can run, else
-    (None, the reason): torch's a and b the last two of ``nodes``, the output in their
-    dtype."""
+def gemm_problem(nodes: list[Any], layout: Any) -> tuple[GemmProblem | None, str | None]:
+    """(the problem, None) for a problem the kernel can run, else (None, the reason):
+    torch's a and b the last two of ``nodes``, the output in their dtype."""
     return operand_problem(nodes[-2], nodes[-1], layout, same_dtype=True)
 
 
 def operand_problem(a: Any, b: Any, layout: Any, same_dtype: bool
-                    ) -> tuple[dict[str, Any] | None, str | None]:
+                    ) -> tuple[GemmProblem | None, str | None]:
     """``gemm_problem`` of torch's ``a @ b`` into ``layout``, whose dtype is the operands'
     where ``same_dtype``."""
     from torch._inductor.virtualized import V
@@ -270,7 +270,7 @@ def operand_problem(a: Any, b: Any, layout: Any, same_dtype: bool
             return None, (f"stride {stride} is a runtime size not known to be a multiple "
                           f"of {unit} elements (16 bytes, as TMA needs)")
     hint = V.graph.sizevars.optimization_hint
-    problem = dict(
+    problem = GemmProblem(
         a_dtype=a.get_dtype(), b_dtype=b.get_dtype(), out_dtype=layout.dtype,
         a_major=a_major, b_major=b_major, m=hint(m), n=hint(b.get_size()[-1]), k=hint(k),
         l=hint(batch[0]) if batch else 1, lda=hint(lda), ldb=hint(ldb),
@@ -278,17 +278,8 @@ def operand_problem(a: Any, b: Any, layout: Any, same_dtype: bool
         batch_strides=tuple(hint(x) for x in (a.get_stride()[0], b.get_stride()[0],
                                               layout.stride[0])) if batch else None,
     )
-    return problem, why_not(**problem)
-
-
-def swapped_problem(problem: dict[str, Any]) -> dict[str, Any]:
-    """The kernel's problem under swap-AB: C^T (N x M, column-major) = B A^T."""
-    batch = problem["batch_strides"]
-    return dict(
-        problem, m=problem["n"], n=problem["m"], lda=problem["ldb"], ldb=problem["lda"],
-        a_major={"k": "k", "n": "m"}[problem["b_major"]],
-        b_major={"k": "k", "m": "n"}[problem["a_major"]],
-        batch_strides=(batch[1], batch[0], batch[2]) if batch else None)
+    reason = problem.why_not()
+    return (None, reason) if reason is not None else (problem, None)
 
 
 def _max_configs() -> int | None:
@@ -321,7 +312,7 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
     problem, reason = gemm_problem([x, w_gate], layout)
     if reason is None:
         up_problem, reason = gemm_problem([x, w_up], layout)
-        if reason is None and up_problem["b_major"] != problem["b_major"]:
+        if reason is None and up_problem.b_major != problem.b_major:
             reason = "the two weights differ in layout"
     if reason is not None:
         log.debug("no CuteDSL SwiGLU choice: %s", reason)
@@ -331,23 +322,22 @@ def swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any,
     append_choices(choices, nodes, layout, [problem, up_problem], configs)
 
 
-def ranked_configs(ranker: Any, problem: dict[str, Any], layout: Any) -> list[GemmConfig]:
+def ranked_configs(ranker: Any, problem: GemmProblem, layout: Any) -> list[GemmConfig]:
     """The heuristic's configs (``ranker``: ``pick_configs`` or ``swiglu_configs``), launched
     with programmatic dependent launch where ``config.gemm_pdl`` says."""
-    ranked = ranker(problem["m"], problem["n"], problem["k"], problem["a_dtype"],
-                    max_configs=_max_configs(), l=problem["l"], out_dtype=layout.dtype)
+    ranked = ranker(problem.m, problem.n, problem.k, problem.a_dtype,
+                    max_configs=_max_configs(), l=problem.l, out_dtype=layout.dtype)
     return [cfg.replace(pdl=True) for cfg in ranked] if config.gemm_pdl else ranked
 
 
 def append_choices(choices: list[Any], nodes: list[Any], layout: Any,
-                   problems: list[dict[str, Any]], configs: list[GemmConfig],
+                   problems: list[GemmProblem], configs: list[GemmConfig],
                    has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0,
                    scales: tuple[str, str] | None = None) -> None:
     """One choice per config that the kernel can run on every one of ``problems``
     (swapped for a swap-AB config); ``scales``: see ``_params``."""
     for cfg in configs:
-        if any(why_not(**(swapped_problem(p) if cfg.swap_ab else p), config=cfg)
-               for p in problems):
+        if any((p.swapped() if cfg.swap_ab else p).why_not(cfg) for p in problems):
             continue
         gemm_template.maybe_append_choice(choices, input_nodes=nodes, layout=layout,
                                           **_params(cfg, has_bias, alpha, beta, scales))

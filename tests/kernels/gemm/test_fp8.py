@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from cutedsl_inductor.kernels.gemm.config import GemmConfig, config_error  # noqa: E402
 from cutedsl_inductor.kernels.gemm.heuristic import fp8_configs, pick_configs  # noqa: E402
-from cutedsl_inductor.kernels.gemm.problem import why_not  # noqa: E402
+from cutedsl_inductor.kernels.gemm.problem import GemmProblem  # noqa: E402
 from cutedsl_inductor.kernels.gemm.standalone import compile_scaled_gemm  # noqa: E402
 from tests.helpers import cuobjdump  # noqa: E402
 
@@ -90,7 +90,7 @@ def test_rowwise_scales_and_bias_fit_in_registers(tmp_path, cfg):
 
 @pytest.mark.parametrize("a_major,b_major", [("m", "k"), ("k", "n")])
 def test_operands_fp8_wgmma_cannot_read_are_refused(a_major, b_major):
-    reason = why_not("e4m3", "e4m3", "bf16", a_major, b_major, 256, 256, 256)
+    reason = GemmProblem("e4m3", "e4m3", "bf16", a_major, b_major, 256, 256, 256).why_not()
     assert reason.startswith("FP8 WGMMA reads K-major operands only")
     with pytest.raises(Exception, match="FP8 WGMMA reads K-major A and B only"):
         compile_scaled_gemm(COOP, a_major=a_major, b_major=b_major)
@@ -104,10 +104,13 @@ def test_fp8_operands_need_an_fp8_config_and_16_bit_ones_a_plain_one():
 
 
 def test_what_the_problem_check_takes():
+    def why_not(*args, **kwargs):
+        return GemmProblem(*args, **kwargs).why_not()
+
     assert why_not("e4m3", "e5m2", "fp32", "k", "k", 1, 4096, 4096, bias_dtype="bf16") is None
     assert "unsupported" in why_not("e4m3", "e4m3", "e4m3", "k", "k", 256, 256, 256)
     assert "bf16 or both fp16, or both FP8" in why_not("e4m3", "bf16", "bf16", "k", "k",
-                                                             256, 256, 256)
+                                                       256, 256, 256)
     # _scaled_mm's K and N are multiples of 16: one-byte rows of 16 bytes; 8 is not
     assert "lda=8" in why_not("e4m3", "e4m3", "bf16", "k", "k", 256, 256, 8)
 

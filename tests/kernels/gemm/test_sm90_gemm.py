@@ -17,7 +17,6 @@ from cutedsl_inductor.kernels.gemm.heuristic import (  # noqa: E402
 from cutedsl_inductor.kernels.gemm.heuristic import (
     EXTRA_CONFIGS as _EXTRA_CONFIGS,
 )
-from cutedsl_inductor.kernels.gemm.problem import can_implement, why_not  # noqa: E402
 from cutedsl_inductor.kernels.gemm.sm90_gemm import Sm90Gemm  # noqa: E402
 from cutedsl_inductor.kernels.gemm.standalone import compile_sm90_gemm  # noqa: E402
 
@@ -187,8 +186,6 @@ def test_bad_pingpong_configs_raise_value_error(bad):
     with pytest.raises(ValueError):
         Sm90Gemm(**bad)
     assert config_error(**bad) is not None
-    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 256, 256, 256,
-                                      config=bad)
 
 
 @pytest.mark.parametrize("bad", [
@@ -219,32 +216,6 @@ def test_bad_dtype_is_rejected_at_trace_time():
     with pytest.raises(Exception, match="bf16 or fp16"):
         cute.compile(Sm90Gemm(), a, b, c, None, cutlass.Float32(1.0), cutlass.Float32(0.0),
                      make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
-
-
-def test_can_implement():
-    import torch
-
-    assert can_implement("bf16", "bf16", "bf16", "k", "k", 1000, 1000, 1000)
-    assert can_implement(torch.float16, torch.float16, torch.float32, "m", "n",
-                                  136, 256, 64)
-    assert not can_implement("bf16", "bf16", "bf16", "m", "k", 129, 256, 64)
-    # K-major A with an odd K has a misaligned row stride ...
-    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 65)
-    # ... unless the leading dimension is padded.
-    assert can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
-                                  lda=72, ldb=72, ldc=264)
-    assert not can_implement("bf16", "fp16", "bf16", "k", "k", 128, 128, 128)
-    assert not can_implement("fp32", "fp32", "fp32", "k", "k", 128, 128, 128)
-    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 0, 128, 128)
-    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 128, 128, 128,
-                                      config=dict(tile_m=64))
-    # The TMA-store epilogue needs 16-byte output rows; the direct one does not.
-    assert not can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65,
-                                      lda=72, ldb=72, ldc=264, config=DEFAULT_CONFIGS[0])
-    assert can_implement("bf16", "bf16", "bf16", "k", "k", 129, 257, 65, lda=72,
-                                  ldb=72, ldc=264, config=_with(DEFAULT_CONFIGS[0], store="direct"))
-    assert "16 bytes" in why_not("bf16", "bf16", "bf16", "k", "k", 8, 8, 8, l=2,
-                                          batch_strides=(8 * 8 + 1, 64, 64))
 
 
 def test_pick_configs():
