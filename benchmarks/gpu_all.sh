@@ -23,6 +23,9 @@
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 #                                             model (benchmarks/model_gpu.sh: Llama prefill
 #                                             and real decode, twice, the runs compared)
+#                                             aot (the AOTInductor GPU tests, then bench aot:
+#                                             a Llama packaged with and without our kernels,
+#                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -95,6 +98,8 @@ for s in $steps; do
         --variants max-autotune,cutedsl --pdl off,on --no-first-calls --profile 5 \
         --out "$OUT/pdl_model" ;;
     model) step model bash benchmarks/model_gpu.sh ;;
+    aot) step aot_test gpu_tests tests/gpu/test_aot.py
+        step aot python3 -m cutedsl_inductor bench aot ${AOT_ARGS:-} --out "$OUT/aot" ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
