@@ -11,9 +11,10 @@ this package imports (``aot_run.py``: the load's and the first call's seconds, w
 is the load time compared, since our kernels' libraries load at their first launch; the
 first call's outputs checked against an fp32 copy's); then both timed in one such process
 in interleaved rounds (ms per step, the median over rounds; the speedup is the median of
-the per-round ratios max-autotune / cutedsl). Prints a line per workload against issue #66's goals (>= 1.05x
-prefill, >= 1.10x decode, load <= 1.2x) and writes ``--out``/aot_bench_<gpu>.csv; the
-packages (a few GB each: they hold the weights) are deleted unless ``--keep``.
+the per-round ratios max-autotune / cutedsl). Prints a line per workload against issue
+#66's goals (>= 1.05x prefill, >= 1.10x decode, load <= 1.2x) and writes
+``--out``/aot_bench_<gpu>.csv; the packages (a few GB each: they hold the weights) are
+deleted unless ``--keep``.
 
 Failure semantics: a stage that fails or runs past its time names its log
 (``--out``/logs) and the workload's row says so; the exit status is 1 where any stage
