@@ -227,8 +227,8 @@ def cpp_flex(cpp_lowering, monkeypatch):
     use_virtual_flex(monkeypatch)
 
 
-def alibi(score, b, h, q_idx, kv_idx, slopes):
-    return score + slopes[h] * (kv_idx - q_idx)
+def alibi_tempered(score, b, h, q_idx, kv_idx, slopes, temperature):
+    return score * temperature + slopes[h] * (kv_idx - q_idx)
 
 
 def lower_flex(aot_mode, **kwargs):
@@ -238,20 +238,22 @@ def lower_flex(aot_mode, **kwargs):
 
 @needs_cuda_headers
 def test_aotinductor_launches_flex_with_its_block_mask_captures_and_lse(cpp_flex, tmp_path):
-    code, files = lower_flex(True, score_mod=alibi, captured=[((H,), torch.float32)])
+    code, files = lower_flex(True, score_mod=alibi_tempered,
+                             captured=[((H,), torch.float32), ((), torch.float32)])
     (launch,) = launches(code)
     ((name, path),) = kernel_files(code).items()
     assert name.startswith(f"{OURS}_")
     bf16, fp32, int32 = (4, 16), (2, 32), (0, 32)
-    # q, k, v; lse and max (written); the BlockMask's four tables; the slopes; out
+    # q, k, v; lse and max (written); the BlockMask's four tables; the slopes and the
+    # temperature (a 0-d tensor, a DLTensor like any other); out
     args = re.findall(r"cutedsl_aot::tensor\((\w+), (\d+), (\d+)\)", launch)
     assert [(int(c), int(b)) for _, c, b in args] == \
-        [bf16] * 3 + [fp32] * 2 + [int32] * 4 + [fp32, bf16]
+        [bf16] * 3 + [fp32] * 2 + [int32] * 4 + [fp32, fp32, bf16]
     # the graph's inputs: q, k, v, the BlockMask's eight tables (the forward reads the
-    # KV four), the slopes
+    # KV four), the captures
     names = [a for a, _, _ in args]
-    assert names[:3] + names[5:10] == [f"arg{i}_1" for i in range(7)] + ["arg11_1"]
-    lse, out = args[3][0], args[10][0]
+    assert names[:3] + names[5:11] == [f"arg{i}_1" for i in range(7)] + ["arg11_1", "arg12_1"]
+    lse, out = args[3][0], args[11][0]
     assert f"output_handles[0] = {out}.release();" in code
     assert f"output_handles[1] = {lse}.release();" in code  # the LSE is the graph's
     assert sorted(Path(f).name for f in files) == sorted(
