@@ -27,6 +27,9 @@
 #                                             models, FP8 and AOT in seven pytest processes
 #                                             side by side, CHECKS_TIMEOUT s each, default 490:
 #                                             correctness only, no timings in that step)
+#                                             aot (the AOTInductor GPU tests, then bench aot:
+#                                             a Llama packaged with and without our kernels,
+#                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -122,6 +125,8 @@ for s in $steps; do
         --out "$OUT/pdl_model" ;;
     model) step model bash benchmarks/model_gpu.sh ;;
     checks) checks ;;
+    aot) step aot_test gpu_tests tests/gpu/test_aot.py
+        step aot python3 -m cutedsl_inductor bench aot ${AOT_ARGS:-} --out "$OUT/aot" ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
