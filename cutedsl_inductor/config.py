@@ -181,11 +181,6 @@ flex_pingpong: bool = _knob(
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
     "only; faster on every mask timed, docs/measurements.md)", changes_code=True,
     steers=Reach.FLEX)
-flex_lpt: bool = _knob(
-    "flex_lpt", "CUTEDSL_INDUCTOR_FLEX_LPT", False, Boolean(),
-    "our FlexAttention forward launches its Q tiles last first, so that under a causal mask "
-    "the CTAs with the most KV tiles start first and short ones fill the last wave (off "
-    "until timed, docs/measurements.md)", changes_code=True, steers=Reach.FLEX)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
     "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "

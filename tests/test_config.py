@@ -106,7 +106,7 @@ def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
                                       "gemm_max_configs", "gemm_exhaustive", "gemm_pdl",
                                       "epilogue_fusion", "fused_choice_candidates",
                                       "flex_attention", "flex_max_configs",
-                                      "flex_only_ours", "flex_pipelined", "flex_pingpong", "flex_lpt",
+                                      "flex_only_ours", "flex_pipelined", "flex_pingpong",
                                       "flex_bwd_fused_dq", "prologue_fusion", "sdpa", "aot",
                                       "fp8", "distributed_autotune"}
     with config.patch(gemm_max_configs=3):

@@ -180,16 +180,6 @@ def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len, pingpong
         check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
 
-@pytest.mark.parametrize("q_len", [640, 1000])
-@pytest.mark.parametrize("mask_mod", [causal, "document"])
-def test_lpt_order(monkeypatch, mask_mod, q_len):
-    """``config.flex_lpt``: the Q tiles walked last first give the same results."""
-    if mask_mod == "document":
-        mask_mod = make_document(q_len)
-    with config.patch(flex_lpt=True):
-        check(q_len, q_len, monkeypatch, mask_mod=mask_mod)
-
-
 @pytest.mark.parametrize("q_len", [512, 777])
 def test_sliding_window(monkeypatch, q_len):
     check(q_len, q_len, monkeypatch, mask_mod=sliding_window, dtype=torch.float16)

@@ -27,7 +27,6 @@ class FlexConfig:
     sm_scale: float
     pipelined: bool = True  # softmax overlapped with the GEMMs (False: the serial mainloop)
     pingpong: bool = False  # the consumer warpgroups take turns issuing their GEMMs
-    lpt: bool = False  # Q tiles launched last first (causal: the longest CTAs first)
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
@@ -59,8 +58,7 @@ class FlexConfig:
 
 def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
                     has_full_blocks: bool, sm_scale: float,
-                    pipelined: bool = True, pingpong: bool = False,
-                    lpt: bool = False) -> list[FlexConfig]:
+                    pipelined: bool = True, pingpong: bool = False) -> list[FlexConfig]:
     """The configs offered for a problem, best guess first; those that do not fit are
     left out (an empty list: nothing suits)."""
     shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
@@ -69,7 +67,7 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
         try:
             out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
                                   has_full_blocks, sm_scale, pipelined,
-                                  pingpong and pipelined, lpt))
+                                  pingpong and pipelined))
         except ValueError:
             continue
     return out

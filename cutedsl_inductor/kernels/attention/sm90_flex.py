@@ -35,8 +35,7 @@ after the exp2s (``tests/kernels/attention/test_sm90_flex.py`` checks the PTX or
 With ``FlexConfig.pingpong`` (knob ``flex_pingpong``, on by default) the two warpgroups
 take turns issuing their GEMMs (``FlexBarrier``'s turns), so that one's softmax runs while
 the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
-schedulers take them. With ``FlexConfig.lpt`` (knob ``flex_lpt``) CTA ``x`` of the grid
-takes Q tile ``q_tiles - 1 - x``: longest first under causal masks.
+schedulers take them.
 
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
@@ -200,10 +199,6 @@ class Sm90FlexAttention:
                q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, h_idx, b_idx = cute.arch.block_idx()
-        if cutlass.const_expr(self.config.lpt):
-            # CTAs start in launch order: under a causal mask the last Q tiles walk the
-            # most KV tiles, so they go first and the short ones fill the last wave
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:

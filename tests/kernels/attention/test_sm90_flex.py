@@ -105,12 +105,3 @@ def test_pingpong_turns_hold_each_warpgroups_gemm_issue_and_pair_every_arrive(tm
         assert MMA.search(turn) and "ex2.approx" not in turn
     plain = _ptx(_config(True), tmp_path / "plain")  # its bar.syncs: barrier 0, all threads
     assert "bar.arrive" not in plain and not re.search(r"\bbar\.sync\s+%r\d+", plain)
-
-
-def test_lpt_walks_the_q_tiles_from_the_grid_s_end(tmp_path):
-    """``FlexConfig.lpt``: the Q tile is the grid's x extent less one less the CTA's x
-    (``%nctaid.x``, absent from the kernel without it)."""
-    plain = _ptx(_config(True), tmp_path / "plain")
-    cfg = FlexConfig(128, 128, 2, 128, 128, True, 0.125, pipelined=True, lpt=True)
-    lpt = _ptx(cfg, tmp_path / "lpt")
-    assert "%nctaid.x" in lpt and "%nctaid.x" not in plain
