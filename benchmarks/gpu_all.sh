@@ -84,7 +84,7 @@ checks() {  # several GPU test files at once: their compiles share the host's CP
   local name
   check_job sdpa tests/gpu/test_sdpa.py &
   check_job attention tests/gpu/test_attention.py \
-    -k "fused or (pingpong and 1000) or lpt or backward_causal or training_step" &
+    -k "fused or (pingpong and 1000) or backward_causal or training_step" &
   check_job models tests/gpu/test_models.py -k "not no-fusion" &
   check_job models2 tests/gpu/test_models.py -k "no-fusion" &
   check_job e2e tests/gpu/test_e2e.py &
