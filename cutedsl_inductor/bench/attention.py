@@ -15,7 +15,7 @@ the output code's kernel for the timed pass. ``triton``: the same without CUTEDS
 ``triton-tuned``: under max-autotune (not by default); ``flash``: flex with ``BACKEND=
 "FLASH"``, torch's lowering onto flash-attn 4's CuTe DSL kernels (the peer; by default
 where ``flash_attn.cute`` imports, else a failed row naming the wheel; its ``kernel`` is
-``flash`` where the pass's output code holds torch's flash template); ``sdpa-flash``/
+``flash`` where the pass's output code names flash-attn's kernels or torch's template); ``sdpa-flash``/
 ``sdpa-cudnn`` and (not by default) ``sdpa-choice``: SDPA, causal only (``attention_sdpa.py``).
 Each first call compiles afresh (no FX graph or AOT autograd cache: the output code read
 is the code compiled; our CuTe kernels may load from the kernel cache) with AOT autograd's
@@ -226,7 +226,7 @@ def _kernel(name: str, codes: list[str], direction: str) -> str:
         raise RuntimeError(f"{OURS} is not in the forward's output code (this flex lowering "
                            "does not reach the Triton template)")
     code = codes[0] if direction == "fwd" else codes[-1]
-    if name == FLASH and "flash_attention" in code:
+    if name == FLASH and re.search(r"flash_attn|flash_attention", code):
         return FLASH
     if re.search(r"^cutedsl_\w*flex\w* = load_kernel\(", code, re.M):
         return "cutedsl"
