@@ -229,7 +229,8 @@ def test_a_torchao_float8_linear_stack_calls_our_kernel(recipe):
     """torchao's float8 training recipe on a two-layer MLP: the compiled forward (its
     _scaled_mm with fast accumulation) calls our kernel and matches eager float8 within
     bf16's error; a training step through it (the backward's _scaled_mm, without fast
-    accumulation, stays ATen's) gives eager's gradients."""
+    accumulation, stays ATen's) gives the gradients of the same step compiled without
+    ours."""
     float8 = pytest.importorskip("torchao.float8")
 
     def model():
@@ -248,9 +249,13 @@ def test_a_torchao_float8_linear_stack_calls_our_kernel(recipe):
     assert "cutedsl_sm90_gemm" in code
     assert relative_error(result, expected.double()) < 2e-2
 
-    eager(x).float().square().mean().backward()
-    trained = model()
-    _, code = compiled_code("ATEN,CUTEDSL",
-                            lambda t: trained(t).float().square().mean().backward(), x)
-    for ours, ref in zip(trained.parameters(), eager.parameters()):
+    # the gradients against the same step compiled with ATen's GEMMs alone: against eager,
+    # Inductor's fusions round the activations that later scales and e5m2 casts read
+    # differently (tensorwise weight gradients differed by 5.2% on an H100)
+    trained = {}
+    for backends in ("ATEN", "ATEN,CUTEDSL"):
+        trained[backends] = model()
+        compiled_code(backends, lambda t: trained[backends](t).float().square().mean()
+                      .backward(), x)
+    for ours, ref in zip(trained["ATEN,CUTEDSL"].parameters(), trained["ATEN"].parameters()):
         assert relative_error(ours.grad, ref.grad.double()) < 5e-2
