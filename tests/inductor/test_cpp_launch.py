@@ -24,7 +24,7 @@ from cutedsl_inductor.exc import NotExportableError
 from cutedsl_inductor.inductor import flex
 from cutedsl_inductor.inductor.cpp_runtime import CPP_RUNTIME
 from cutedsl_inductor.kernels.elementwise import add_template
-from tests.helpers import lowered, use_virtual_sm90
+from tests.helpers import TORCH, lowered, use_virtual_sm90
 from tests.inductor.flex_graphs import B, D, FLEX_MODULE, H, OURS, S, lower, use_virtual_flex
 from tests.inductor.test_scheduling import register_plus_scratch
 
@@ -68,12 +68,17 @@ def add_relu(a, b):
     return torch.relu(torch.ops.cutedsl_test.aot_add(a, b))
 
 
-def generated(fn, *shapes, aot_mode, dtype=torch.float32):
-    """(C++ source, the wrapper's additional files) of ``fn`` lowered with the C++ wrapper."""
+def generated(fn, *shapes, aot_mode, dtype=torch.float32, jit_entry=False):
+    """(C++ source, the wrapper's additional files) of ``fn`` lowered with the C++ wrapper.
+    Under AOTInductor, AOTI's source; with ``jit_entry``, that of the JIT entry torch
+    2.14 writes beside it (dual wrapper mode)."""
     with torch._inductor.config.patch(cpp_wrapper=True), \
             lowered(fn, *shapes, dtype=dtype, cpp_wrapper=True, aot_mode=aot_mode) as graph:
-        code = graph.codegen()[0].value
+        code = graph.codegen()[0].value  # the JIT entry's, in dual wrapper mode
         files = list(graph.wrapper_code.additional_files)
+        aot = getattr(graph.wrapper_code, "_aot_output", None)  # AOTI's, in that mode
+        if aot is not None and not jit_entry:
+            code = aot
     return cpp_source(code, aot_mode), files
 
 
@@ -150,6 +155,16 @@ def test_the_gemm_takes_its_transposed_weight_as_a_view(cpp_lowering, tmp_path):
     assert re.search(r"cutedsl_sm90_gemm_\w+_cpp, cutedsl_runtime", launch)
     assert "cutedsl_aot::tensor(wrap_with_raii_handle_if_needed(reinterpret_tensor_wrapper(" \
         "w_1, 2, " in launch and ", 4, 16)" in launch  # bf16: DLPack's code 4
+    compiles(code, tmp_path)
+
+
+@needs_cuda_headers
+@pytest.mark.skipif(TORCH < (2, 14), reason="torch 2.14's AOTInductor writes a JIT entry too")
+def test_aotinductors_jit_entry_launches_on_its_own_stream_and_compiles(cpp_lowering, tmp_path):
+    code, _ = generated(add_relu, (64, 128), (64, 128), aot_mode=True, jit_entry=True)
+    assert "void inductor_entry_impl(" in code and "this->" not in code
+    (launch,) = launches(code)
+    assert ", cutedsl_runtime, std::nullopt, stream0, {" in launch
     compiles(code, tmp_path)
 
 
