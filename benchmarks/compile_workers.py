@@ -51,7 +51,7 @@ def precompile_seconds(shapes: list[tuple[int, int, int]], workers_count: int
                 list(pool.map(lambda choice: choice.precompile(), shape_choices))
             choices += shape_choices
         seconds = time.perf_counter() - start
-        workers.shutdown()
+        workers.pool().shutdown()
     failed = [c.name for c in choices if c.failure is not None]
     if failed:
         raise SystemExit(f"failed: {failed}")

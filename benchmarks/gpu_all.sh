@@ -23,6 +23,13 @@
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 #                                             model (benchmarks/model_gpu.sh: Llama prefill
 #                                             and real decode, twice, the runs compared)
+#                                             checks (the GPU tests of attention, SDPA, real
+#                                             models, FP8 and AOT in seven pytest processes
+#                                             side by side, CHECKS_TIMEOUT s each, default 490:
+#                                             correctness only, no timings in that step)
+#                                             aot (the AOTInductor GPU tests, then bench aot:
+#                                             a Llama packaged with and without our kernels,
+#                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -68,6 +75,28 @@ gpu_tests() {
   timeout -s INT -k 30 "${PYTEST_TIMEOUT:-3000}" \
     python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider "$@"
 }
+check_job() {  # check_job NAME PYTEST-ARGS...: one of ``checks``' processes
+  local name=$1; shift
+  PYTEST_TIMEOUT=${CHECKS_TIMEOUT:-490} gpu_tests "$@" > "$OUT/checks_$name.log" 2>&1
+  echo $? > "$OUT/checks_$name.rc"
+}
+checks() {  # several GPU test files at once: their compiles share the host's CPUs
+  local name
+  check_job sdpa tests/gpu/test_sdpa.py &
+  check_job attention tests/gpu/test_attention.py \
+    -k "fused or (pingpong and 1000) or backward_causal or training_step" &
+  check_job models tests/gpu/test_models.py -k "not no-fusion" &
+  check_job models2 tests/gpu/test_models.py -k "no-fusion" &
+  check_job e2e tests/gpu/test_e2e.py &
+  check_job fp8 tests/gpu/test_fp8.py &
+  check_job aot tests/gpu/test_aot.py &
+  wait
+  for name in sdpa attention models models2 e2e fp8 aot; do
+    [ "$(cat "$OUT/checks_$name.rc")" = 0 ] || status=1
+    echo "=== checks $name: rc $(cat "$OUT/checks_$name.rc")"
+    grep -vE "^\s*$|[Ww]arn" "$OUT/checks_$name.log" | tail -n 20
+  done
+}
 nvidia-smi -L
 for s in $steps; do
   case $s in
@@ -95,6 +124,9 @@ for s in $steps; do
         --variants max-autotune,cutedsl --pdl off,on --no-first-calls --profile 5 \
         --out "$OUT/pdl_model" ;;
     model) step model bash benchmarks/model_gpu.sh ;;
+    checks) checks ;;
+    aot) step aot_test gpu_tests tests/gpu/test_aot.py
+        step aot python3 -m cutedsl_inductor bench aot ${AOT_ARGS:-} --out "$OUT/aot" ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \

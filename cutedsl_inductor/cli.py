@@ -12,7 +12,7 @@
   check FILE.py:TEMPLATE --shapes S [--param NAME=V1,V2] [--arch sm_90a]
                                compile a template's choices without a GPU and report
                                each kernel's registers, shared memory and spills
-  bench gemm|epilogue|attention|model|sweep|launch [...]
+  bench gemm|epilogue|attention|model|aot|sweep|launch [...]
                                the benchmarks (``cutedsl_inductor/bench``; GPU)
 
 One argparse parser with a sub-parser per command and per benchmark (each benchmark
@@ -57,6 +57,9 @@ BENCHES = {
                                "Triton flex and SDPA"),
     "model": ("model", "real models (transformers) under torch.compile, with and without "
                        "our kernels (needs a GPU and the [bench] extra)"),
+    "aot": ("aot", "a transformers Llama packaged by AOTInductor with and without our "
+                   "kernels, loaded and timed where CuTe DSL does not import (needs a GPU "
+                   "and the [bench] extra)"),
     "sweep": ("sweep", "every GEMM config the heuristic ranks (and variants) against cuBLAS, "
                        "per shape"),
     "launch": ("launch", "launch overhead, cold and warm start of the add example"),

@@ -33,7 +33,7 @@ from typing import Any
 from . import config
 from .autotune.scratch import scratch_graph
 from .catalog import BUILTIN_TEMPLATES
-from .runtime.workers import build_in_worker
+from .runtime import workers
 
 @dataclasses.dataclass
 class PrecompileSummary:
@@ -102,7 +102,7 @@ def _build(choice: Any) -> str | Exception:
     "remote", "disk", "memory"), or the error; compiles in a worker where there are any, as
     under Inductor."""
     try:
-        in_worker = build_in_worker(choice.bmreq)
+        in_worker = workers.pool().build(choice.bmreq)
         here = choice.load().origin
     except Exception as err:
         return err

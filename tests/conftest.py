@@ -22,7 +22,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def kernel_cache_dir(tmp_path, monkeypatch):
-    """A fresh disk cache and an empty in-process cache for every test."""
+    """A fresh disk cache, an empty in-process cache and a worker pool of its own (no
+    warm process carried over; its zygote and idle workers stopped at the end) for every
+    test."""
     from cutedsl_inductor import config, counters
     from cutedsl_inductor.autotune import retime
     from cutedsl_inductor.compile import compiler
@@ -34,12 +36,13 @@ def kernel_cache_dir(tmp_path, monkeypatch):
     for group in counters.GROUPS:  # this test's counts alone
         monkeypatch.setattr(counters, group, type(getattr(counters, group))())
     remote_cache._tier_for.cache_clear()
-    monkeypatch.setattr(config, "compile_workers", 0)  # tests/compile/test_workers.py: > 0
+    monkeypatch.setattr(config, "compile_workers", 0)  # tests/runtime/test_workers.py: > 0
     monkeypatch.setattr(compiler, "_COMPILED", {})
     monkeypatch.setattr(retime, "_WINNERS", {})  # no retiming decided by an earlier test
-    monkeypatch.setattr(workers, "_stopped_unused", False)  # no warm process carried over
+    monkeypatch.setattr(workers, "_POOL", workers.WorkerPool())
     monkeypatch.setenv("CUTEDSL_INDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
-    return tmp_path / "kernels"
+    yield tmp_path / "kernels"
+    workers.pool().shutdown()
 
 
 @pytest.fixture

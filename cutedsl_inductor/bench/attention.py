@@ -12,8 +12,11 @@ True, "BACKEND": "TRITON"}`` under ``config.flex_only_ours`` (our forward alone)
 backward is whatever flex's backward lowering builds (Inductor's Triton kernel until
 ours is offered there, then ours, nothing here to change): the ``kernel`` column names
 the output code's kernel for the timed pass. ``triton``: the same without CUTEDSL;
-``triton-tuned``: under max-autotune (not by default); ``sdpa-flash``/``sdpa-cudnn``
-and (not by default) ``sdpa-choice``: SDPA, causal only (``attention_sdpa.py``).
+``triton-tuned``: under max-autotune (not by default); ``flash``: flex with ``BACKEND=
+"FLASH"``, torch's lowering onto flash-attn 4's CuTe DSL kernels (the peer; by default
+where ``flash_attn.cute`` imports, else a failed row naming the wheel; its ``kernel`` is
+``flash`` where the pass's output code names flash-attn's kernels or torch's template); ``sdpa-flash``/
+``sdpa-cudnn`` and (not by default) ``sdpa-choice``: SDPA, causal only (``attention_sdpa.py``).
 Each first call compiles afresh (no FX graph or AOT autograd cache: the output code read
 is the code compiled; our CuTe kernels may load from the kernel cache) with AOT autograd's
 donated buffers off, so that ``bwd`` can time the backward alone,
@@ -42,6 +45,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import math
 import re
 import statistics
@@ -83,8 +87,8 @@ MASKS = ("causal", "sliding", "document", "alibi")
 WINDOW = 1024  # sliding: keys per query
 DOCUMENT = 1024  # document: mean document length
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-VARIANTS = ("ours", "triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn", CHOICE)
-DEFAULT_VARIANTS = ["ours", "triton", "sdpa-flash", "sdpa-cudnn"]
+FLASH = "flash"  # flex's BACKEND="FLASH" (flash-attn 4)
+VARIANTS = ("ours", "triton", "triton-tuned", FLASH, "sdpa-flash", "sdpa-cudnn", CHOICE)
 DIRECTIONS = ("fwd", "bwd")
 BACKWARD_FLOPS = 2.5  # times the forward's
 OURS = "cutedsl_sm90_flex_attention"  # our forward's kernel names in the output code
@@ -158,13 +162,32 @@ def variants_of(case: Case, asked: list[str]) -> list[str]:
     return [name for name in asked if name not in SDPA_NAMES or case.mask == "causal"]
 
 
+def flash_installed() -> bool:
+    """Whether flash-attn 4's CuTe DSL package (``flash_attn.cute``) imports here."""
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:  # a flash_attn without the cute subpackage, or a broken one
+        return False
+
+
+def default_variants() -> list[str]:
+    return ["ours", "triton", *([FLASH] if flash_installed() else []), "sdpa-flash",
+            "sdpa-cudnn"]
+
+
 def attention(name: str, score_mod: Callable | None, block_mask: Any) -> Callable:
     """Variant ``name`` as a function of (q, k, v) -> out (see the module docstring)."""
     if name in SDPA_NAMES:
         return sdpa_attention(name)
     from torch.nn.attention.flex_attention import flex_attention
 
-    options = {"BACKEND": "TRITON", **({"CUTEDSL": True} if name == "ours" else {})}
+    if name == FLASH and not flash_installed():
+        def missing(q: Any, k: Any, v: Any) -> Any:  # the first call's error: the row's
+            raise RuntimeError("flash_attn.cute does not import: install the flash-attn-4 "
+                               "wheel (with quack-kernels, einops, torch-c-dlpack-ext)")
+        return missing
+    options = ({"BACKEND": "FLASH"} if name == FLASH else
+               {"BACKEND": "TRITON", **({"CUTEDSL": True} if name == "ours" else {})})
     compiled = torch.compile(flex_attention, dynamic=False,
                              mode="max-autotune-no-cudagraphs" if name == "triton-tuned" else None)
 
@@ -203,6 +226,8 @@ def _kernel(name: str, codes: list[str], direction: str) -> str:
         raise RuntimeError(f"{OURS} is not in the forward's output code (this flex lowering "
                            "does not reach the Triton template)")
     code = codes[0] if direction == "fwd" else codes[-1]
+    if name == FLASH and re.search(r"flash_attn|flash_attention", code):
+        return FLASH
     if re.search(r"^cutedsl_\w*flex\w* = load_kernel\(", code, re.M):
         return "cutedsl"
     return "triton" if "triton" in code else "cpp"
@@ -365,8 +390,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", type=one_of(tuple(DTYPES), "dtype"), default=["bf16"],
                    metavar="bf16,fp16", help="default bf16")
     p.add_argument("--variants", type=one_of(VARIANTS, "variant", all_of=True),
-                   default=DEFAULT_VARIANTS, metavar=",".join(VARIANTS),
-                   help=f"default {','.join(DEFAULT_VARIANTS)}")
+                   default=default_variants(), metavar=",".join(VARIANTS),
+                   help="default ours,triton,flash (where flash-attn 4 is installed),"
+                        "sdpa-flash,sdpa-cudnn")
     p.add_argument("--directions", type=one_of(DIRECTIONS, "direction"),
                    default=list(DIRECTIONS), metavar="fwd,bwd")
     p.add_argument("--steps", type=parse_count, default=10, help="timed calls per round")

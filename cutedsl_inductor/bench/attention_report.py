@@ -7,7 +7,7 @@ and sdpa-choice's rows, ``vs_<ref>`` with its range over the rounds. Everything 
 works from the rows alone, so ``bench attention --merge CSV ...`` redraws runs made
 earlier.
 
-The plot: ratios first -- ours over Inductor's Triton flex (the goals, 1.5 forward and
+The plot: ratios first -- ours over Inductor's Triton flex and flex's FLASH backend (the goals, 1.5 forward and
 1.3 backward, drawn), ours over SDPA on plain causal -- then each variant's TFLOP/s
 forward and backward; one x position per case, titled with the GPU and versions.
 """
@@ -24,7 +24,9 @@ from .args import csv_rows, read_csv_rows
 from .gemm_plot import MARKERS, geomean, pyplot, range_bars, ratio_axis, setup_line
 
 CASE_FIELDS = ["batch", "heads", "seq", "head_dim", "mask", "dtype"]
-REFS = ("triton", "triton-tuned", "sdpa-flash", "sdpa-cudnn")  # what ours is compared with
+REFS = ("triton", "triton-tuned", "flash", "sdpa-flash", "sdpa-cudnn")  # what ours is compared with
+# the printed table's ratio columns: over Triton flex, flex's FLASH backend, SDPA's two
+COLUMNS = {"triton": "/triton", "flash": "/fa4", "sdpa-flash": "/fa2", "sdpa-cudnn": "/cudnn"}
 RATIO_FIELDS = [f"vs_{ref}{end}" for ref in REFS for end in ("", "_min", "_max")]
 FIELDS = (CASE_FIELDS + ["direction", "variant", "kernel", "density", "ms", "tflops"]
           + RATIO_FIELDS + ["max_diff", "ok", "error", "gpu", "torch", "cute_dsl"])
@@ -38,7 +40,7 @@ def case_name(row: dict[str, Any]) -> str:
 
 
 HEADER = (f"{'case':<28} {'dt':>4} {'dir':>3} {'variant':<12} {'kernel':<8} {'ms':>9} "
-          f"{'TFLOP/s':>7} {'/triton':>7} {'/flash':>7} {'/cudnn':>7} {'max diff':>8}")
+          f"{'TFLOP/s':>7} " + " ".join(f"{c:>7}" for c in COLUMNS.values()) + f" {'max diff':>8}")
 
 
 def line(row: dict[str, Any]) -> str:
@@ -47,7 +49,7 @@ def line(row: dict[str, Any]) -> str:
     if row["error"]:
         return head + f"FAILED: {row['error']}"
     ratios = " ".join(f"{row.get(f'vs_{ref}', math.nan):7.3f}"
-                      for ref in ("triton", "sdpa-flash", "sdpa-cudnn"))
+                      for ref in COLUMNS)
     flag = "" if row["ok"] else "  NOT OK (differs from triton's)"
     return (head + f"{row['kernel']:<8} {row['ms']:9.3f} {row['tflops']:7.1f} "
             f"{ratios.replace('nan', '  -')} {row['max_diff']:8.2e}{flag}")
@@ -59,7 +61,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
     lines = []
     for direction, goal in GOALS.items():
         ours = [r for r in rows if r["direction"] == direction and r["variant"] == "ours"]
-        for ref, want in (("triton", goal), ("sdpa-flash", 1.0), ("sdpa-cudnn", 1.0)):
+        for ref, want in (("triton", goal), ("flash", 1.0), ("sdpa-flash", 1.0),
+                          ("sdpa-cudnn", 1.0)):
             mine = [r for r in ours if not math.isnan(r.get(f"vs_{ref}", math.nan))]
             if not mine:
                 continue
@@ -149,8 +152,9 @@ def write_plot(rows: list[dict[str, Any]], path: Path) -> None:
     timed = [r for r in rows if not r["error"]]
     ours = [r for r in timed if r["variant"] == "ours"]
     fig, axes = plt.subplots(2, 2, figsize=(16, 10), squeeze=False)
-    _ratio_panel(axes[0, 0], ours, ("triton", "triton-tuned"),
-                 "ours / Inductor's Triton flex (red: the goals, -- fwd 1.5, .. bwd 1.3)")
+    _ratio_panel(axes[0, 0], ours, ("triton", "triton-tuned", "flash"),
+                 "ours / Inductor's Triton flex and flex's FLASH backend (red: the goals over "
+                 "Triton, -- fwd 1.5, .. bwd 1.3)")
     _ratio_panel(axes[0, 1], ours, ("sdpa-flash", "sdpa-cudnn"), "ours / SDPA, plain causal")
     for ax, direction in zip(axes[1], GOALS):
         mine = [r for r in timed if r["direction"] == direction]

@@ -14,8 +14,11 @@ through the launch::
 
 ``<folder>`` is the model's ``cubin_dir_`` under AOTInductor (the package's extracted
 folder, where it has one) and ``std::nullopt`` under cpp_wrapper: files are then found
-by their absolute paths. Under AOTInductor every staged file joins the wrapper's
-``additional_files``, which the packager copies into the model's folder.
+by their absolute paths. torch 2.14's AOTInductor also writes a JIT entry (its "dual
+wrapper mode", where the graph has a Triton device), which runs before packaging: there
+the launch takes cpp_wrapper's stream and folder, in ``run_impl`` AOTI's. Under
+AOTInductor every staged file joins the wrapper's ``additional_files``, which the
+packager copies into the model's folder.
 
 Failure semantics: a kernel that does not export here raises ``NotExportableError`` and
 the compile fails; autotuning refuses such choices first (``template/caller.py``) and a
@@ -29,6 +32,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from torch._inductor.codegen.wrapper import WrapperLine
+from torch._inductor import utils as torch_utils
 from torch._inductor.utils import get_kernel_metadata
 from torch._inductor.virtualized import V
 
@@ -100,9 +105,33 @@ def generate_call(name: str, nodes: list[Any], references: list[str],
         else:
             code, bits = DLPACK_DTYPES[spec.dtype]
             args.append(f"cutedsl_aot::tensor({reference}, {code}, {bits})")
-    if V.graph.aot_mode:
-        stream, folder = "stream", "this->cubin_dir_"
+
+    def launch(stream: str, folder: str) -> str:
+        return (f"cutedsl_aot::launch({name}, cutedsl_runtime, {folder}, {stream}, "
+                f"{{{', '.join(args)}}});")
+
+    if V.graph.aot_mode and not _dual(wrapper):
+        line: Any = launch("stream", "this->cubin_dir_")
     else:
-        stream, folder = wrapper.write_get_raw_stream(device.index, V.graph.name), "std::nullopt"
-    wrapper.writeline(f"cutedsl_aot::launch({name}, cutedsl_runtime, {folder}, {stream}, "
-                      f"{{{', '.join(args)}}});")
+        line = launch(wrapper.write_get_raw_stream(device.index, V.graph.name), "std::nullopt")
+        if V.graph.aot_mode:
+            line = _DualLaunch(jit=line, aot=launch("stream", "this->cubin_dir_"))
+    wrapper.writeline(line)
+
+
+def _dual(wrapper: Any) -> bool:
+    """Whether ``wrapper`` writes a JIT entry beside AOTI's ``run_impl`` (torch 2.14's
+    AOTInductor where the graph has a Triton device; its buffers then write both)."""
+    return isinstance(wrapper.wrapper_call, getattr(torch_utils, "DualIndentedBuffer", ()))
+
+
+@dataclasses.dataclass
+class _DualLaunch(WrapperLine):
+    """One launch written twice: to the JIT entry and to AOTI's ``run_impl``."""
+
+    jit: str
+    aot: str
+
+    def codegen(self, code: Any) -> None:
+        code.writeline_jit(self.jit)
+        code.writeline_aot(self.aot)

@@ -86,9 +86,9 @@ def _start_workers_ahead(_: Any) -> None:
     global _counts_at_start
     _counts_at_start = _cache_counts()
     if cutedsl_gemm_listed():
-        workers.start_zygote()
+        workers.pool().start_zygote()
 
 
 def _stop_unused_workers(_: Any) -> None:
     misses, *hits = (now - then for now, then in zip(_cache_counts(), _counts_at_start))
-    workers.stop_unused_zygote(warm=misses == 0 and sum(hits) > 0)
+    workers.pool().stop_unused_zygote(warm=misses == 0 and sum(hits) > 0)

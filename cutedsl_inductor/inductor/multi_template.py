@@ -162,6 +162,8 @@ def finalize_cutedsl_winners(nodes: list[Any]) -> dict[str, CuteDSLTemplateCalle
         buffer = output.data.data
         buffer.layout = multi.layout
         scheduler = node.scheduler
+        if not hasattr(scheduler, "node_to_mempool"):  # torch 2.14 sets them after this pass
+            scheduler.node_to_mempool, scheduler.buff_to_mempool = {}, {}
         scheduler._replace_node(buffer, multi, index, node)  # what Inductor's finalize does
         nodes[index] = scheduler.name_to_node[node.get_name()]
         log.debug("%s: CuteDSL choice %s finalized before fusion", multi.get_name(),

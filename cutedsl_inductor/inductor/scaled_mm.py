@@ -1,7 +1,7 @@
 """Our FP8 GEMM as choices of Inductor's ``torch._scaled_mm`` lowering (``config.fp8``).
 
 Inductor lowers ``aten._scaled_mm.default`` in ``tuned_scaled_mm``
-(``torch/_inductor/kernel/mm.py`` in torch 2.11 to 2.13), which builds its choice list
+(``torch/_inductor/kernel/mm.py`` in torch 2.11 to 2.15), which builds its choice list
 through ``V.choices.get_template_configs(kernel_inputs, templates, "scaled_mm", ...)``
 with the input nodes ``[a, b, scale_a, scale_b]`` and the bias if there is one; our
 choices class (``choices.py``) appends ours there (``offer``). What those arguments do

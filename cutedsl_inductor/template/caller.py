@@ -37,8 +37,8 @@ from ..autotune.benchmark_request import (
 from ..compile import versions
 from ..compile.records import KernelSource, Params
 from ..compile.specs import ArgSpec, Workspace, specs_key
+from ..runtime import workers
 from ..runtime.loader import load, load_exported
-from ..runtime.workers import build_in_worker, prefetch
 from .buffer import CuteDSLTemplateBuffer
 from .epilogue import IDENTITY, EpiloguePlan
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel
@@ -124,7 +124,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         self._wrapper: Any = None
         # made for Inductor's C++ wrapper: only a kernel it can launch is a choice
         self.exported = bool(V.graph.cpp_wrapper)
-        prefetch(self.bmreq)
+        workers.pool().prefetch(self.bmreq)
 
     @property
     def source(self) -> str:
@@ -154,7 +154,7 @@ class CuteDSLTemplateCaller(ir.ChoiceCaller):
         """Inductor calls this from its thread pool: the compile itself runs in one of
         our worker processes where there are any (``runtime/workers.py``)."""
         try:
-            build_in_worker(self.bmreq)
+            workers.pool().build(self.bmreq)
             self.load()
         except Exception as err:
             self._drop(err)

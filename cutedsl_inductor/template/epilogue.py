@@ -31,7 +31,12 @@ residual never wraps around).
 Invariants: every consumer iterates over exactly the template output's shape, writes a
 contiguous buffer, reads the template output (or an earlier consumer) only at the
 element being computed, and its indexing uses no symbols besides the coordinates; the
-fused output is fp32, bf16 or fp16. Failure semantics: anything
+fused output is one the template stores (``CuteDSLTemplate.fused_output_error``: fp32,
+bf16 or fp16 unless it says more). A float8 output (the GEMM's: the next layer's input
+quantized with a scale the graph already has) is a cast the last consumer ends with:
+the result stays fp32 and the template's store rounds it (``STORE_ONLY``, ``pointwise.py``;
+Hopper's conversion saturates to the largest finite value where torch's eager cast of an
+out-of-range value gives NaN, as Inductor's Triton kernels do). Failure semantics: anything
 else -- and any op ``PointwiseToCuteDSL`` cannot translate -- raises
 ``NotImplementedError``; the scheduler then leaves the nodes unfused.
 """
@@ -122,6 +127,8 @@ class EpiloguePlan:
 
 # what a template stores: the fused result is cast to the output's dtype
 OUTPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# casts to these are left to the store (a template that stores them says so)
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # extra inputs of these dtypes are read in the load phase, into register fragments
 REGISTER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -144,13 +151,16 @@ def plan_epilogue(template_buffer: Any, consumers: list[Any]) -> EpiloguePlan:
         if not consumer.get_layout().is_contiguous():
             raise NotImplementedError("the consumer's output is not contiguous")
         translation = translate_pointwise(consumer, loads.coords, loads.load_value,
-                                          prefix=f"e{number}_")
+                                          prefix=f"e{number}_", store_only=FLOAT8_DTYPES)
         lines += translation.lines
         result = translation.result
         loads.produced(consumer, result, translation.dtype)
-    if consumers and consumers[-1].get_dtype() not in OUTPUT_DTYPES:
-        raise NotImplementedError(f"fused output dtype {consumers[-1].get_dtype()}")
-    if consumers and loads.values[consumers[-1].get_name()][1] != torch.float32:
+    if consumers:
+        why = template_buffer.template.fused_output_error(template_buffer.params, consumers[-1])
+        if why is not None:
+            raise NotImplementedError(why)
+    if consumers and loads.values[consumers[-1].get_name()][1] not in (torch.float32,
+                                                                        *FLOAT8_DTYPES):
         lines.append(f"epilogue_result = {result}.to(cutlass.Float32)")
         result = "epilogue_result"
     # at_output compares with the template buffer's index; the tile input must be laid

@@ -22,6 +22,9 @@ Invariants:
     hardware approximations (``ex2``/``lg2``/``rcp.approx``, as ``tl.exp``, ``tl.log``
     and fp32 ``/`` do), erf CuTe's fast-math form; tanh, sqrt and rsqrt are exact-rounded
     library code. An epilogue runs while the tensor cores idle: its instructions count.
+  * A handler whose ``STORE_ONLY`` names a dtype (the epilogue's: float8) takes a cast to
+    it as the value the caller stores and rounds: the temp keeps its fp32 value, typed
+    as that dtype, and any other use of it is refused (nothing here computes on float8).
   * Constants are typed (``cutlass.Float32(0.5)``, ``cutlass.Float32(float('inf'))``).
   * Identical expression text gives the same temp (CSE), so the lines are deterministic
     for a given body and ``load_value`` callback.
@@ -73,6 +76,8 @@ class PointwiseToCuteDSL(DefaultHandler):
 
     # the dtypes a loaded or converted value may have (a subclass may widen it)
     SUPPORTED: tuple[torch.dtype, ...] = _SUPPORTED
+    # dtypes a value may be cast to only to be stored (see the module docstring)
+    STORE_ONLY: tuple[torch.dtype, ...] = ()
 
     def __init__(self, load_value: LoadValue, prefix: str = "tmp"):
         self.load_value = load_value
@@ -144,6 +149,8 @@ class PointwiseToCuteDSL(DefaultHandler):
         src = self._dtype[x]
         if src == dtype:
             return x
+        if src in self.STORE_ONLY:
+            raise _unsupported("to_dtype", f"a {src} value is only stored")
         if x in self._const and dtype in (torch.float32, torch.bool, torch.int32, torch.int64):
             value = self._const[x]
             if dtype == torch.int32 and isinstance(value, float) and math.isfinite(value):
@@ -166,6 +173,8 @@ class PointwiseToCuteDSL(DefaultHandler):
         ``allow_bool``)."""
         args = tuple(a.value if isinstance(a, OpsValue) else a for a in args)
         known = [self._dtype[a] for a in args if isinstance(a, str) and a in self._dtype]
+        if any(d in self.STORE_ONLY for d in known):
+            raise _unsupported(op, "a value cast for its store is used again")
         scalars = [a for a in args if isinstance(a, (bool, int, float))]
         if any(d in _FLOATS for d in known) or any(isinstance(s, float) for s in scalars):
             dtype = torch.float32
@@ -223,6 +232,8 @@ class PointwiseToCuteDSL(DefaultHandler):
 
     def to_dtype(self, x: Any, dtype: torch.dtype, src_dtype: Any = None,
                  use_compute_types: bool = True) -> str:
+        if dtype in self.STORE_ONLY:  # fp32 until the caller's store rounds it
+            return self._emit(self._float("to_dtype", x), dtype)
         if dtype not in self.SUPPORTED:
             raise _unsupported("to_dtype", f"target dtype {dtype}")
         if use_compute_types and dtype in _FLOAT16:
@@ -378,10 +389,13 @@ class PointwiseToCuteDSL(DefaultHandler):
 
 
 def translate_pointwise(fn: Any, index: Sequence[Any], load_value: LoadValue,
-                        prefix: str = "tmp") -> Translation:
-    """Translate one pointwise body (see ``PointwiseToCuteDSL.run``) into CuTe DSL lines.
+                        prefix: str = "tmp", store_only: tuple[torch.dtype, ...] = ()
+                        ) -> Translation:
+    """Translate one pointwise body (see ``PointwiseToCuteDSL.run``) into CuTe DSL lines;
+    ``store_only``: the handler's ``STORE_ONLY``.
 
     Raises ``NotImplementedError`` when the body is not fusable."""
     handler = PointwiseToCuteDSL(load_value, prefix=prefix)
+    handler.STORE_ONLY = store_only
     result = handler.run(fn, index)
     return Translation(list(handler.lines), result, handler.dtype_of(result))

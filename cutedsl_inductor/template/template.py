@@ -13,6 +13,11 @@ Names: an ASCII Python identifier, or ``TemplateNameError`` at construction (a n
 into its kernels' names, which are Python code and then compiled symbols). The source is
 trusted code: Jinja is not sandboxed, and the module it renders runs here.
 
+Fused epilogues: a template that defines the hook (``def_epilogue``) stores the fused
+result in the last consumer's dtype; which outputs it takes, ``fused_output_error``
+says (by default fp32, bf16 and fp16, ``default_fused_output_error``; the GEMM adds
+float8 where its store can write it, ``kernels/gemm/template.py``).
+
 Registry: template names are global; registering a name again with the same source
 returns quietly, with another source raises ``TemplateRegistryError``.
 
@@ -30,7 +35,7 @@ benchmarks as ``inf``, so Inductor picks another choice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jinja2
@@ -40,7 +45,7 @@ from torch._inductor.virtualized import V
 
 from .. import config
 from ..compile.compiler import target_arch
-from ..compile.records import KernelSource
+from ..compile.records import KernelSource, Params
 from ..compile.specs import Workspace, specs_for_nodes
 from ..exc import (
     ChoiceError,
@@ -54,6 +59,7 @@ from ..exc import (
 from ..runtime.loader import write_source
 from .caller import CuteDSLTemplateCaller, InputView
 from .defines import check_names
+from .epilogue import OUTPUT_DTYPES
 from .kernel import KERNEL_NAME_PLACEHOLDER, CuteDSLTemplateKernel, name_kernel
 
 log = logging.getLogger(__name__)
@@ -64,13 +70,24 @@ CPP_WRAPPER_UNSUPPORTED = ("Inductor's C++ wrapper (cpp_wrapper, AOTInductor) la
                            "(CUTEDSL_INDUCTOR_AOT=1)")
 
 
+def default_fused_output_error(params: Params, node: Any) -> str | None:
+    """Why a fused epilogue's output ``node`` is not stored: a dtype other than fp32, bf16
+    and fp16; else None."""
+    dtype = node.get_dtype()
+    return None if dtype in OUTPUT_DTYPES else f"fused output dtype {dtype}"
+
+
 class CuteDSLTemplate:
     all_templates: ClassVar[dict[str, "CuteDSLTemplate"]] = {}
 
-    def __init__(self, name: str, source: str, *, symbolic_shapes: bool = False) -> None:
+    def __init__(self, name: str, source: str, *, symbolic_shapes: bool = False,
+                 fused_output_error: Callable[[Params, Any], str | None] | None = None
+                 ) -> None:
         """``symbolic_shapes=True`` compiles every size and stride as a runtime value
         (one binary for all shapes of a divisibility class); by default only the sizes
-        Inductor keeps dynamic are runtime values."""
+        Inductor keeps dynamic are runtime values. ``fused_output_error(params, node)``:
+        why a choice of ``params`` cannot store a fused epilogue's output ``node`` (an IR
+        buffer), or None (default: ``default_fused_output_error``)."""
         if not (isinstance(name, str) and name.isascii() and name.isidentifier()):
             raise TemplateNameError(name=name)
         existing = self.all_templates.get(name)
@@ -83,6 +100,7 @@ class CuteDSLTemplate:
         self.supports_epilogue = "def_epilogue(" in source
         # one that defines the prologue hook, pointwise producers of an input
         self.supports_prologue = "def_prologue(" in source
+        self.fused_output_error = fused_output_error or default_fused_output_error
         try:
             self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(source)
         except jinja2.TemplateSyntaxError as err:

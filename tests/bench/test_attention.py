@@ -49,11 +49,11 @@ def test_the_default_run_is_the_issue_s_suite_and_quick_a_subset():
 
 def test_sdpa_runs_on_plain_causal_only():
     case = attention.Case(1, 2, 256, 64, "causal", "bf16")
-    assert attention.variants_of(case, attention.DEFAULT_VARIANTS) == [
-        "ours", "triton", "sdpa-flash", "sdpa-cudnn"]
+    asked = ["ours", "triton", "flash", "sdpa-flash", "sdpa-cudnn"]
+    assert attention.variants_of(case, asked) == asked
     for mask in ("sliding", "document", "alibi"):
         other = attention.Case(1, 2, 256, 64, mask, "bf16")
-        assert attention.variants_of(other, attention.DEFAULT_VARIANTS) == ["ours", "triton"]
+        assert attention.variants_of(other, asked) == ["ours", "triton", "flash"]
         assert attention.variants_of(other, ["sdpa-choice"]) == []
     assert attention.variants_of(case, ["sdpa-choice"]) == ["sdpa-choice"]
 
@@ -63,8 +63,8 @@ def test_sdpa_runs_on_plain_causal_only():
     (["--head-dims", "64,0"], "'0' is not a positive head dim"),
     (["--masks", "causal,full"], "'full': not a mask (one of causal, sliding, document, "
                                  "alibi, or all)"),
-    (["--variants", "flash"], "'flash': not a variant (one of ours, triton, triton-tuned, "
-                              "sdpa-flash, sdpa-cudnn, sdpa-choice, or all)"),
+    (["--variants", "fa3"], "'fa3': not a variant (one of ours, triton, triton-tuned, "
+                            "flash, sdpa-flash, sdpa-cudnn, sdpa-choice, or all)"),
     (["--directions", "up"], "'up': not a direction (one of fwd, bwd)"),
     (["--dtypes", "fp8"], "'fp8': not a dtype (one of bf16, fp16)"),
     (["--steps", "0"], "'0' is not a positive integer"),
@@ -131,20 +131,23 @@ def test_a_failure_s_reason_is_its_innermost_cause_on_one_line():
         assert attention.reason(err) == "ValueError: head dim 96: not one of (64, 128)"
 
 
+VARIANTS = ["ours", "triton", "flash", "sdpa-flash", "sdpa-cudnn"]
+
+
 def rows_of_a_run():
     """Rows as a GPU run makes them: two cases, both directions, one variant failed."""
     rows = []
     for mask in ("causal", "document"):
         case = attention.Case(8, 16, 2048, 128, mask, "bf16")
         for direction in attention.DIRECTIONS:
-            for i, name in enumerate(attention.variants_of(case, attention.DEFAULT_VARIANTS)):
+            for i, name in enumerate(attention.variants_of(case, VARIANTS)):
                 row = attention._row(case, direction, name, 0.5, "")
                 row.update(kernel="cutedsl" if name == "ours" and direction == "fwd" else "x",
                            ms=1.0 + i, tflops=400.0 / (1 + i), max_diff=1e-3, ok=True,
                            gpu="NVIDIA H200", torch="2.11.0", cute_dsl="4.8.1")
                 if name == "ours":
-                    for ref in ("triton", "sdpa-flash")[:2 if mask == "causal" else 1]:
-                        ratio = 2.0 if ref == "triton" else 3.0
+                    for ref in ("triton", "flash", "sdpa-flash")[:3 if mask == "causal" else 2]:
+                        ratio = {"triton": 2.0, "flash": 0.5}.get(ref, 3.0)
                         # Triton's: the ratio of medians a rounding above the rounds' range
                         high = ratio * (1 - 1e-7 if ref == "triton" else 1.01)
                         row.update({f"vs_{ref}": ratio, f"vs_{ref}_min": ratio * 0.98,
@@ -167,8 +170,9 @@ def test_the_csv_round_trips_and_the_plot_fits_a_screen(tmp_path):
     text = summary(read)
     assert "fwd ours / triton: geomean 2.000 over 2 cases, >= 1.5 on 2" in text
     assert "bwd ours / sdpa-flash: geomean 3.000 over 1 cases" in text
+    assert "fwd ours / flash: geomean 0.500 over 2 cases, >= 1.0 on 0" in text
     assert "ours' backward ran on x (2 cases): no CuteDSL backward was offered" in text
-    assert "2 of 12 rows failed or differ from triton's" in text
+    assert "2 of 16 rows failed or differ from triton's" in text
     write_plot(read, tmp_path / "attention_bench.png")
     height, width, _ = image.imread(tmp_path / "attention_bench.png").shape
     assert 1000 <= width <= 1600 and 600 <= height <= 1000
@@ -196,6 +200,16 @@ def test_a_tiny_run_on_the_cpu_measures_what_runs_and_says_why_the_rest_cannot(
     out = capsys.readouterr().out
     assert "1x2x256 d64 causal" in out and "5 of 8 rows failed" in out
     assert (tmp_path / "merged" / "attention_bench.csv").exists()
+
+
+@pytest.mark.skipif(attention.flash_installed(), reason="flash-attn 4 is installed here")
+def test_without_flash_attn_4_the_flash_variant_is_a_row_naming_the_wheel(tmp_path):
+    assert "flash" not in parse().variants  # not asked for by default where it cannot run
+    args = parse("--shapes", "1x2x128", "--head-dims", "64", "--masks", "causal",
+                 "--variants", "flash", "--directions", "fwd", "--steps", "1",
+                 "--warmup", "1", "--rounds", "1", "--out", str(tmp_path))
+    (row,) = attention.run(args, device="cpu")
+    assert "install the flash-attn-4 wheel" in row["error"] and not row["ok"]
 
 
 def test_the_sdpa_choice_set_is_a_failed_row_where_it_does_not_run(tmp_path, capsys):
@@ -229,3 +243,15 @@ def test_a_tiny_run_of_ours_on_the_gpu(tmp_path):
     ours = [r for r in rows if r["variant"] == "ours"]
     assert [r["kernel"] for r in ours if r["direction"] == "fwd"] == ["cutedsl", "cutedsl"]
     assert all(r["vs_triton"] > 0 for r in ours)
+
+
+@pytest.mark.gpu
+def test_a_tiny_run_of_flex_s_flash_backend_on_the_gpu(tmp_path):
+    """flash-attn 4 (with quack-kernels, einops, torch-c-dlpack-ext) where installed."""
+    pytest.importorskip("flash_attn.cute")
+    args = parse("--shapes", "1x4x1024", "--head-dims", "128", "--masks", "causal",
+                 "--variants", "ours,triton,flash", "--directions", "fwd", "--steps", "3",
+                 "--rounds", "2", "--out", str(tmp_path))
+    rows = {r["variant"]: r for r in attention.run(args)}
+    assert rows["flash"]["ok"] and rows["flash"]["kernel"] == "flash", rows["flash"]["error"]
+    assert rows["ours"]["vs_flash"] > 0

@@ -1,8 +1,11 @@
 """Our kernels under Inductor's C++ wrapper (``config.aot``), GPU-less: real graphs lowered
-on the virtual sm_90 with cpp_wrapper and with AOTInductor, their C++ checked by the C++
-compiler against torch's and CUDA's headers, and the launch helper driven through a real
-exported kernel up to its own argument checks (no GPU: they refuse a CPU tensor)."""
+on the virtual sm_90 with cpp_wrapper and with AOTInductor (the add, the GEMM, a
+workspace, FlexAttention's forward with its BlockMask tables, captured tensors and LSE),
+their C++ checked by the C++ compiler against torch's and CUDA's headers, and the launch
+helper driven through a real exported kernel up to its own argument checks (no GPU: they
+refuse a CPU tensor); choices that do not export refused at autotuning, saying why."""
 
+import logging
 import os
 import re
 import shutil
@@ -17,9 +20,13 @@ from torch._inductor.lowering import lowerings, register_lowering
 from cutedsl_inductor import config
 from cutedsl_inductor.autotune.select import autotune_select_algorithm
 from cutedsl_inductor.compile.exported import SHIPPED_SUFFIX
+from cutedsl_inductor.exc import NotExportableError
+from cutedsl_inductor.inductor import flex
 from cutedsl_inductor.inductor.cpp_runtime import CPP_RUNTIME
 from cutedsl_inductor.kernels.elementwise import add_template
-from tests.helpers import lowered, use_virtual_sm90
+from tests.helpers import TORCH, lowered, use_virtual_sm90
+from tests.inductor.flex_graphs import B, D, FLEX_MODULE, H, OURS, S, lower, use_virtual_flex
+from tests.inductor.test_scheduling import register_plus_scratch
 
 TORCH_INCLUDE = Path(torch.__file__).parent / "include"
 TORCH_LIB = Path(torch.__file__).parent / "lib"
@@ -61,18 +68,27 @@ def add_relu(a, b):
     return torch.relu(torch.ops.cutedsl_test.aot_add(a, b))
 
 
-def generated(fn, *shapes, aot_mode, dtype=torch.float32):
-    """(C++ source, the wrapper's additional files) of ``fn`` lowered with the C++ wrapper."""
+def generated(fn, *shapes, aot_mode, dtype=torch.float32, jit_entry=False):
+    """(C++ source, the wrapper's additional files) of ``fn`` lowered with the C++ wrapper.
+    Under AOTInductor, AOTI's source; with ``jit_entry``, that of the JIT entry torch
+    2.14 writes beside it (dual wrapper mode)."""
     with torch._inductor.config.patch(cpp_wrapper=True), \
             lowered(fn, *shapes, dtype=dtype, cpp_wrapper=True, aot_mode=aot_mode) as graph:
-        code = graph.codegen()[0].value
+        code = graph.codegen()[0].value  # the JIT entry's, in dual wrapper mode
         files = list(graph.wrapper_code.additional_files)
+        aot = getattr(graph.wrapper_code, "_aot_output", None)  # AOTI's, in that mode
+        if aot is not None and not jit_entry:
+            code = aot
+    return cpp_source(code, aot_mode), files
+
+
+def cpp_source(code, aot_mode):
+    """The C++ translation unit of a C++ wrapper's output code."""
     if not aot_mode:
         code = code.split('cpp_wrapper_src = (\nr"""', 1)[1].split('"""\n)', 1)[0]
     # lowered outside compile_fx, the code ends with the Python wrapper's runner lines
-    code = "\n".join(line for line in code.splitlines()
-                     if not re.match(r"(runner|call|recursively_apply_fns) = ", line))
-    return code, files
+    return "\n".join(line for line in code.splitlines()
+                      if not re.match(r"(runner|call|recursively_apply_fns) = ", line))
 
 
 def launches(code):
@@ -142,50 +158,192 @@ def test_the_gemm_takes_its_transposed_weight_as_a_view(cpp_lowering, tmp_path):
     compiles(code, tmp_path)
 
 
+@needs_cuda_headers
+@pytest.mark.skipif(TORCH < (2, 14), reason="torch 2.14's AOTInductor writes a JIT entry too")
+def test_aotinductors_jit_entry_launches_on_its_own_stream_and_compiles(cpp_lowering, tmp_path):
+    code, _ = generated(add_relu, (64, 128), (64, 128), aot_mode=True, jit_entry=True)
+    assert "void inductor_entry_impl(" in code and "this->" not in code
+    (launch,) = launches(code)
+    assert ", cutedsl_runtime, std::nullopt, stream0, {" in launch
+    compiles(code, tmp_path)
+
+
 DRIVER = """
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <cstdio>
 {runtime}
 {tables}
+AtenTensorHandle cpu_tensor(int64_t rank, const int64_t* sizes, const int64_t* strides,
+                            int32_t dtype) {{
+  AtenTensorHandle handle;
+  aoti_torch_empty_strided(rank, sizes, strides, dtype, aoti_torch_device_type_cpu(), 0, &handle);
+  return handle;
+}}
 int main() {{
-  int64_t sizes[] = {sizes}, strides[] = {strides};
-  AtenTensorHandle t[3];
-  for (auto& handle : t) {{
-    aoti_torch_empty_strided({rank}, sizes, strides, aoti_torch_dtype_float32(),
-                             aoti_torch_device_type_cpu(), 0, &handle);
-  }}
+{tensors}
   try {{
-    cutedsl_aot::launch({kernel}, cutedsl_runtime, std::nullopt, nullptr,
-        {{cutedsl_aot::tensor(t[0], 2, 32), cutedsl_aot::tensor(t[1], 2, 32),
-          cutedsl_aot::tensor(t[2], 2, 32)}});
+    cutedsl_aot::launch({kernel}, cutedsl_runtime, std::nullopt, nullptr, {{{args}}});
     std::printf("launched\\n");
   }} catch (const std::exception& e) {{
     std::printf("%s\\n", e.what());
   }}
 }}
 """
+DLPACK = {"float32": (2, 32), "bfloat16": (4, 16), "int32": (0, 32)}
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-@pytest.mark.parametrize("rank", [2, 3])
-def test_the_launch_reaches_the_kernels_own_argument_checks(cpp_lowering, tmp_path, rank):
-    """Loaded as the wrapper loads it (runtime libraries by SONAME or file, the kernel
-    library, TVM-FFI's functions through it), called with DLTensors of the tensors' own
-    rank and device: the kernel decodes them and refuses, by its TVM-FFI error."""
-    code, _ = generated(add_relu, (64, 128), (64, 128), aot_mode=False)
+def driven(code, tensors, tmp_path):
+    """What the launch of the wrapper's one kernel says, made from a C++ program (torch's
+    C shim, no Python) with CPU tensors of ``tensors`` ((sizes, dtype) each, contiguous),
+    loaded as the wrapper loads it: runtime libraries by SONAME or file, the kernel
+    library, TVM-FFI's functions through it."""
     tables = "\n".join(line for line in code.splitlines()
                        if line.startswith(("static const cutedsl_aot::Library",
                                            "static cutedsl_aot::Kernel")))
     (kernel,) = kernel_files(code)
-    shape = {2: ("{64, 128}", "{128, 1}"), 3: ("{64, 128, 1}", "{128, 1, 1}")}[rank]
+    lines, args = [], []
+    for i, (sizes, dtype) in enumerate(tensors):
+        strides = [1] * len(sizes)
+        for d in range(len(sizes) - 2, -1, -1):
+            strides[d] = strides[d + 1] * sizes[d + 1]
+        lines.append(f"  int64_t sizes{i}[] = {{{', '.join(map(str, sizes))}}}, "
+                     f"strides{i}[] = {{{', '.join(map(str, strides))}}};")
+        lines.append(f"  AtenTensorHandle t{i} = cpu_tensor({len(sizes)}, sizes{i}, strides{i}, "
+                     f"aoti_torch_dtype_{dtype}());")
+        args.append(f"cutedsl_aot::tensor(t{i}, {DLPACK[dtype][0]}, {DLPACK[dtype][1]})")
     (tmp_path / "driver.cpp").write_text(DRIVER.format(
-        runtime=CPP_RUNTIME, tables=tables, kernel=kernel, sizes=shape[0], strides=shape[1],
-        rank=rank))
+        runtime=CPP_RUNTIME, tables=tables, tensors="\n".join(lines), kernel=kernel,
+        args=", ".join(args)))
     subprocess.run(["g++", "-std=c++17", f"-I{TORCH_INCLUDE}", str(tmp_path / "driver.cpp"),
                     "-o", str(tmp_path / "driver"), f"-L{TORCH_LIB}", "-ltorch_cpu", "-lc10",
                     f"-Wl,-rpath,{TORCH_LIB}", "-ldl"], check=True, timeout=600)
     run = subprocess.run([str(tmp_path / "driver")], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "ValueError: Mismatched Tensor on argument #0" in run.stdout
-    assert ("expected ndim=2" if rank == 3 else "expected device_type=cuda") in run.stdout
+    return run.stdout
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("rank", [2, 3])
+def test_the_launch_reaches_the_kernels_own_argument_checks(cpp_lowering, tmp_path, rank):
+    """Called with DLTensors of the tensors' own rank and device: the kernel decodes them
+    and refuses, by its TVM-FFI error."""
+    code, _ = generated(add_relu, (64, 128), (64, 128), aot_mode=False)
+    shape = (64, 128) if rank == 2 else (64, 128, 1)
+    said = driven(code, [(shape, "float32")] * 3, tmp_path)
+    assert "ValueError: Mismatched Tensor on argument #0" in said
+    assert ("expected ndim=2" if rank == 3 else "expected device_type=cuda") in said
+
+
+# FlexAttention's forward (``tests/inductor/flex_graphs.py``: B, H, S, D = 2, 4, 200, 64)
+
+@pytest.fixture
+def cpp_flex(cpp_lowering, monkeypatch):
+    use_virtual_flex(monkeypatch)
+
+
+def alibi_tempered(score, b, h, q_idx, kv_idx, slopes, temperature):
+    return score * temperature + slopes[h] * (kv_idx - q_idx)
+
+
+def lower_flex(aot_mode, **kwargs):
+    code, files = lower({"CUTEDSL": True}, cpp_wrapper=True, aot_mode=aot_mode, **kwargs)
+    return cpp_source(code, aot_mode), files
+
+
+@needs_cuda_headers
+def test_aotinductor_launches_flex_with_its_block_mask_captures_and_lse(cpp_flex, tmp_path):
+    code, files = lower_flex(True, score_mod=alibi_tempered,
+                             captured=[((H,), torch.float32), ((), torch.float32)])
+    (launch,) = launches(code)
+    ((name, path),) = kernel_files(code).items()
+    assert name.startswith(f"{OURS}_")
+    bf16, fp32, int32 = (4, 16), (2, 32), (0, 32)
+    # q, k, v; lse and max (written); the BlockMask's four tables; the slopes and the
+    # temperature (a 0-d tensor, a DLTensor like any other); out
+    args = re.findall(r"cutedsl_aot::tensor\((\w+), (\d+), (\d+)\)", launch)
+    assert [(int(c), int(b)) for _, c, b in args] == \
+        [bf16] * 3 + [fp32] * 2 + [int32] * 4 + [fp32, fp32, bf16]
+    # the graph's inputs: q, k, v, the BlockMask's eight tables (the forward reads the
+    # KV four), the captures
+    names = [a for a, _, _ in args]
+    assert names[:3] + names[5:11] == [f"arg{i}_1" for i in range(7)] + ["arg11_1", "arg12_1"]
+    lse, out = args[3][0], args[11][0]
+    assert f"output_handles[0] = {out}.release();" in code
+    assert f"output_handles[1] = {lse}.release();" in code  # the LSE is the graph's
+    assert sorted(Path(f).name for f in files) == sorted(
+        [Path(path).name, f"libcute_dsl_runtime.so{SHIPPED_SUFFIX}",
+         f"libtvm_ffi.so{SHIPPED_SUFFIX}"])
+    compiles(code, tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpp_wrapper_launches_flex_without_a_mask_and_the_kernel_checks_its_arguments(
+        cpp_flex, tmp_path):
+    """flex's "no mask" BlockMask: its unused full-block tables, one element each, are
+    passed too; the kernel's library, loaded as the wrapper loads it, decodes the call."""
+    code, _ = lower_flex(False, masked=False)
+    (launch,) = launches(code)
+    assert ", cutedsl_runtime, std::nullopt, stream" in launch
+    assert len(re.findall(r"cutedsl_aot::tensor\(", launch)) == 10
+    qkv = [((B, H, S, D), "bfloat16")] * 3
+    said = driven(code, qkv + [((B, H, S), "float32")] * 2 + [((B, H, 1), "int32"),
+                  ((B, H, 1, 1), "int32"), ((1,), "int32"), ((1,), "int32"),
+                  ((B, H, S, D), "bfloat16")], tmp_path)
+    assert "Mismatched Tensor on argument #0" in said and "expected device_type=cuda" in said
+
+
+class Selected(Exception):
+    pass
+
+
+def flex_choices(monkeypatch, **kwargs):
+    """The choices flex_attention's lowering autotunes over under the C++ wrapper."""
+    seen = []
+
+    def select(name, choices, *args, **kw):
+        seen.extend(choices)
+        raise Selected
+
+    monkeypatch.setattr(FLEX_MODULE, "autotune_select_algorithm", select)
+    with pytest.raises(Exception, match="Selected"):
+        lower_flex(False, **kwargs)
+    return seen
+
+
+def test_a_flex_choice_that_does_not_export_is_refused_at_autotuning(
+        cpp_flex, monkeypatch, caplog):
+    (choice,) = flex_choices(monkeypatch)
+    with config.patch(disk_cache=False), \
+            caplog.at_level(logging.WARNING, logger="cutedsl_inductor"):
+        choice.precompile()
+    assert isinstance(choice.failure, NotExportableError)
+    assert choice.benchmark(out=None) == float("inf")
+    assert f"dropping CuteDSL choice {OURS}_" in caplog.text
+    assert "the disk cache, which holds the exported libraries, is off" in caplog.text
+
+
+def test_without_the_knob_flex_offers_nothing_and_says_why(cpp_flex, monkeypatch, caplog):
+    with config.patch(aot=False), caplog.at_level(logging.WARNING, logger=flex.__name__):
+        assert flex_choices(monkeypatch) == []
+    assert "no CuteDSL flex_attention choice" in caplog.text
+    assert "CUTEDSL_INDUCTOR_AOT=1" in caplog.text
+
+
+@needs_cuda_headers
+def test_a_workspace_is_allocated_zeroed_passed_and_freed_around_the_launch(
+        cpp_lowering, tmp_path):
+    """A choice's ``{{get_workspace()}}`` (the flex backward's fused dQ has one): the
+    wrapper allocates it, zeroes it, passes it after the output and frees it."""
+    register_plus_scratch()
+    code, _ = generated(lambda a: torch.ops.cutedsl_test.plus_scratch(a), (1024,),
+                        aot_mode=True)
+    lines = [line.strip() for line in code.splitlines()]
+    (launch,) = launches(code)
+    call = lines.index(launch)
+    assert launch.endswith("{cutedsl_aot::tensor(a_1, 2, 32), cutedsl_aot::tensor(buf0, 2, 32), "
+                           "cutedsl_aot::tensor(workspace_0, 2, 32)});")
+    zero = lines.index("AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_zero_(workspace_0.get()));")
+    assert "RAIIAtenTensorHandle workspace_0(workspace_0_handle);" in lines[:zero]
+    assert zero < call < lines.index("workspace_0.reset();")
+    compiles(code, tmp_path)

@@ -8,7 +8,6 @@ import torch
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.install import _start_workers_ahead, install_workers_ahead
 from cutedsl_inductor.runtime import workers
-from cutedsl_inductor.runtime.zygote import Worker
 
 
 @pytest.fixture
@@ -16,13 +15,12 @@ def compile_with_workers(monkeypatch):
     """torch.compile of a CPU function with a backend that records the zygote while
     Inductor would be lowering (between dynamo's start and end callbacks)."""
     monkeypatch.setattr(config, "compile_workers", 2)
-    monkeypatch.setattr(workers, "_cannot_start", None)
     torch._dynamo.reset()  # dynamo's reset drops callbacks; install them again
     install_workers_ahead()
     seen = []
 
     def backend(gm, example_inputs):
-        seen.append(workers._zygote)
+        seen.append(workers.pool().zygote)
         return gm.forward
 
     def run(backends):
@@ -34,14 +32,13 @@ def compile_with_workers(monkeypatch):
         assert len(seen) == compiled + 1
         return seen[-1]
 
-    yield run
-    workers.shutdown()
+    return run
 
 
 def test_a_compile_listing_cutedsl_starts_the_zygote_and_stops_it_unused(compile_with_workers):
     during = compile_with_workers("ATEN,TRITON,CUTEDSL")
     assert during is not None and during.arch == "sm_90a"
-    assert workers._zygote is None  # it forked no worker
+    assert workers.pool().zygote is None  # it forked no worker
     assert during.process.returncode is not None  # stopped, not left importing
     # no cache served it (not even Inductor ran): the next compile starts one again
     assert compile_with_workers("ATEN,TRITON,CUTEDSL") is not None
@@ -59,11 +56,11 @@ def test_a_compile_served_from_inductors_cache_starts_none_ahead_again(
     args = torch.randn(8, 16), torch.randn(16, 4)
     with torch._inductor.config.patch(max_autotune_gemm_backends="ATEN,CUTEDSL"):
         torch.compile(fn)(*args)  # a miss
-        assert workers._zygote is None and not workers._stopped_unused
+        assert workers.pool().zygote is None and not workers.pool().stopped_unused
         torch._dynamo.reset()  # the same graph again, from the cache
         install_workers_ahead()
         torch.compile(fn)(*args)
-    assert workers._zygote is None and workers._stopped_unused
+    assert workers.pool().zygote is None and workers.pool().stopped_unused
     assert compile_with_workers("ATEN,CUTEDSL") is None
 
 
@@ -74,11 +71,9 @@ def test_a_compile_without_cutedsl_starts_no_zygote(compile_with_workers):
 def test_a_zygote_that_forked_workers_outlives_the_compile(compile_with_workers):
     install_workers_ahead()  # idempotent
     assert torch._dynamo.callback_handler.start_callbacks.count(_start_workers_ahead) == 1
-    workers.start_zygote()
-    with workers._LOCK:
-        worker = Worker(workers._zygote)
-        workers._running += 1
-    workers._IDLE.put(worker)
-    zygote = workers._zygote
+    workers.pool().start_zygote()
+    zygote = workers.pool().zygote
+    workers.pool().start_workers(zygote.arch)
+    assert workers.pool().running == 2
     assert compile_with_workers("ATEN,CUTEDSL") is zygote
-    assert workers._zygote is zygote and zygote.process.poll() is None
+    assert workers.pool().zygote is zygote and zygote.process.poll() is None

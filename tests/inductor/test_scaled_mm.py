@@ -3,7 +3,9 @@ offered next to ATen's choice for tensorwise and rowwise scales (with a bias, a 
 M, swap-AB at small M), its kernels compiled GPU-less from the output code, fused
 epilogues, and the problems it refuses with a reason."""
 
+import ast
 import logging
+import re
 
 import pytest
 import sympy
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor.scaled_mm import OP_NAME
+from cutedsl_inductor.inductor.scheduling import is_cutedsl_template
 from cutedsl_inductor.template.caller import CuteDSLTemplateCaller
 from tests.helpers import (
     kernel_definitions,
@@ -102,6 +105,111 @@ def test_a_fused_activation_and_residual_compile_in_the_fp8_kernel(fp8_on, offer
     assert "_epilogue_apply(" in code and "mTile=" in code
     assert "triton" not in code.split("async_compile.wait")[1]
     load_kernels([definition])
+
+
+def test_relu_residual_and_the_cast_to_the_next_layers_dtype_fuse(fp8_on, offered):
+    """An fp32 _scaled_mm, relu, a bf16 residual, the cast to bf16 for the next layer:
+    one kernel, which stores bf16."""
+    def block(a, w, scale_a, scale_b, residual):
+        out = scaled_mm(a, w, scale_a, scale_b, out_dtype=F32)
+        return (torch.relu(out) + residual).to(BF16)
+
+    shapes, dtypes = shapes_for("tensorwise")
+    with lowered(block, *shapes, (M, N), dtype=dtypes + [BF16]) as graph:
+        code = graph.codegen()[0].value
+    (definition,) = kernel_definitions(code)
+    source = definition.value.args[1].value
+    assert "cute.math.max(" in source and "_epilogue_apply(" in source
+    assert spec_dtypes(definition) == ["float8_e4m3fn"] * 2 + ["float32"] * 2 + [
+        "bfloat16", "bfloat16"]  # a, b, the scales, the residual, the fused output
+    assert "triton" not in code.split("async_compile.wait")[1]
+    load_kernels([definition])
+
+
+def spec_dtypes(definition):
+    """The dtypes of a kernel definition's argument specs, in order."""
+    return re.findall(r"dtype='(\w+)'", ast.unparse(definition.value.keywords[0]))
+
+
+def quantize_next(y, scale):
+    """torchao's float8 cast of the next layer's input with a scale the graph holds (a
+    static one): ``clamp(y * scale, -448, 448).to(e4m3)``."""
+    return (y.float() * scale).clamp(-448.0, 448.0).to(E4M3)
+
+
+@pytest.mark.parametrize("m", [M, 16])  # 16: swap-AB, the direct store
+def test_the_next_layers_float8_quantization_fuses_and_the_kernel_stores_e4m3(
+        m, fp8_on, offered):
+    def block(a, w, scale_a, scale_b, scale_next):
+        return quantize_next(F.silu(scaled_mm(a, w, scale_a, scale_b)), scale_next)
+
+    shapes, dtypes = shapes_for("rowwise", m)
+    with lowered(block, *shapes, (), dtype=dtypes + [F32]) as graph:
+        code = graph.codegen()[0].value
+    (definition,) = kernel_definitions(code)
+    source = definition.value.args[1].value
+    # the scale's one value, silu, the clamp; the cast is the kernel's store (C is e4m3)
+    assert "cute.math.exp(" in source and "Float32(448.0)" in source
+    assert ".to(cutlass.Float8E4M3FN)" not in source
+    assert spec_dtypes(definition) == ["float8_e4m3fn"] * 2 + ["float32"] * 3 + [
+        "float8_e4m3fn"]  # a, b, the scales, the next scale, the fused output
+    assert "triton" not in code.split("async_compile.wait")[1]
+    load_kernels([definition])
+
+
+@pytest.mark.parametrize("kind", ["tensorwise", "rowwise"])
+def test_a_dynamically_scaled_next_layer_quantizes_after_its_amax(kind, fp8_on, offered):
+    """torchao's dynamic float8 recipes (training, Float8DynamicActivationFloat8Weight)
+    quantize the next layer's input with a scale from the amax of all of it (tensorwise)
+    or of each row (rowwise): the cast waits for that reduction, so our kernel stores the
+    GEMM's bf16 output and Inductor inlines the silu into the amax and the cast (rowwise:
+    one kernel for both)."""
+    from torch._inductor.scheduler import Scheduler
+
+    def block(a, w, scale_a, scale_b):
+        y = F.silu(scaled_mm(a, w, scale_a, scale_b))
+        amax = y.abs().amax(-1, keepdim=True) if kind == "rowwise" else y.abs().max()
+        return quantize_next(y, 448.0 / amax.float().clamp(min=1e-12))
+
+    shapes, dtypes = shapes_for(kind)
+    with lowered(block, *shapes, dtype=dtypes) as graph:
+        nodes = Scheduler(graph.operations).nodes  # (their code needs Triton)
+    ours, *rest = nodes
+    assert is_cutedsl_template(ours) and ours.node.get_dtype() == BF16
+    assert any(m.is_reduction() for n in rest for m in n.get_nodes())
+    assert rest[-1].get_nodes()[-1].node.get_dtype() == E4M3
+
+
+def test_a_float8_value_used_again_or_a_tma_store_of_odd_rows_stays_unfused(graph):
+    """The cast to float8 is the store's: a value computed from it does not translate;
+    a float8 output the TMA store cannot write in whole 16-byte rows is refused, and one
+    from a ping-pong warpgroup of 128 accumulator registers (which spilled)."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import ops
+
+    from cutedsl_inductor.compile.records import Params
+    from cutedsl_inductor.kernels.gemm.problem import fused_output_error
+    from cutedsl_inductor.template.epilogue import FLOAT8_DTYPES
+    from cutedsl_inductor.template.pointwise import translate_pointwise
+
+    def body(index):
+        y = ops.to_dtype(ops.load("y", index), E4M3)
+        return ops.mul(y, ops.constant(2.0, F32))
+
+    with pytest.raises(NotImplementedError, match="used again"):
+        translate_pointwise(body, [sympy.Symbol("c0")], lambda name, index: "value",
+                            store_only=FLOAT8_DTYPES)
+    fp8_out = ir.Buffer(name="q", layout=make_layout((M, 392), E4M3))
+    tma, direct = Params.of({"STORE": "tma"}), Params.of({"STORE": "direct"})
+    assert "multiple of 16" in fused_output_error(tma, fp8_out)
+    assert fused_output_error(direct, fp8_out) is None
+    pingpong = {"STORE": "direct", "PINGPONG": True, "TILE_M": 128, "TILE_N": 128}
+    assert "spills" in fused_output_error(Params.of(pingpong), fp8_out)
+    assert fused_output_error(Params.of({**pingpong, "TILE_M": 64}), fp8_out) is None
+    bf16_out = ir.Buffer(name="o", layout=make_layout((M, 392), BF16))
+    assert fused_output_error(tma, bf16_out) is None
+    int_out = ir.Buffer(name="i", layout=make_layout((M, 392), torch.int8))
+    assert "fused output dtype" in fused_output_error(direct, int_out)
 
 
 def test_fp8_is_off_unless_configured(monkeypatch, offered):

@@ -119,16 +119,14 @@ def {{kernel_name}}_kernel(gA: cute.Tensor, gW: cute.Tensor, gC: cute.Tensor):
 '''
 
 
-def test_a_workspace_is_allocated_zeroed_passed_and_freed_by_the_output_code(monkeypatch):
-    """A template choice with a workspace: the output code allocates it right before the
-    call (zeroed: ``.zero_()``), passes it after the output, frees it after the call, and
-    the kernel compiles with it (GPU-less)."""
+def register_plus_scratch():
+    """``cutedsl_test::plus_scratch``: lowered to one choice of a template with a zeroed
+    float32 workspace of 1024 elements."""
     from torch._inductor.lowering import lowerings, register_lowering
 
     from cutedsl_inductor import autotune_select_algorithm
     from cutedsl_inductor.compile.specs import Workspace
     from cutedsl_inductor.template.template import CuteDSLTemplate
-    from tests.helpers import use_virtual_sm90
 
     template = CuteDSLTemplate("test_workspace_add", WORKSPACE_SOURCE)
     if not hasattr(torch.ops.cutedsl_test, "plus_scratch"):
@@ -146,6 +144,14 @@ def test_a_workspace_is_allocated_zeroed_passed_and_freed_by_the_output_code(mon
                                          workspace=Workspace(1024, "float32"), SIZE=1024)
             return autotune_select_algorithm("plus_scratch", choices, [a], a.get_layout())
 
+
+def test_a_workspace_is_allocated_zeroed_passed_and_freed_by_the_output_code(monkeypatch):
+    """A template choice with a workspace: the output code allocates it right before the
+    call (zeroed: ``.zero_()``), passes it after the output, frees it after the call, and
+    the kernel compiles with it (GPU-less)."""
+    from tests.helpers import use_virtual_sm90
+
+    register_plus_scratch()
     use_virtual_sm90(monkeypatch)
     with lowered(lambda a: torch.ops.cutedsl_test.plus_scratch(a), (1024,),
                  dtype=torch.float32) as graph:

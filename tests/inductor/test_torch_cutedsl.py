@@ -5,7 +5,7 @@ Blackwell grouped GEMM (``torch._grouped_mm``, sm_100 to sm_109 only), and flex'
 ``kernel_options={"BACKEND": "FLASH"}`` its FlexAttention from the flash-attn package's
 CuTe DSL kernels. The same ``CUTEDSL`` name turns on our Hopper GEMM for mm, addmm and bmm,
 and our flex switch is a key of its own (``"CUTEDSL": True``). Each reaches only its own
-path: README's "CuTe DSL in torch itself"."""
+path: docs/torch-versions.md, "CuTe DSL in torch itself"."""
 
 from unittest import mock
 

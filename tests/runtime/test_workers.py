@@ -12,17 +12,22 @@ from cutedsl_inductor import CuteDSLTemplate, config, counters
 from cutedsl_inductor.compile import compiler
 from cutedsl_inductor.exc import CompileWorkerError, KernelCompileError
 from cutedsl_inductor.kernels.elementwise import add_template
-from cutedsl_inductor.runtime import workers
-from tests.helpers import make_input, make_layout, process_state, wait_until, zombie_children
+from cutedsl_inductor.runtime import worker_builds, workers
+from tests.helpers import (
+    children,
+    make_input,
+    make_layout,
+    process_state,
+    wait_until,
+    zombie_children,
+)
 from tests.runtime.test_loader import BROKEN_SOURCE
 
 
 @pytest.fixture
 def two_workers(monkeypatch):
+    """Two compile workers (the test's own pool: ``conftest.py``)."""
     monkeypatch.setattr(config, "compile_workers", 2)
-    monkeypatch.setattr(workers, "_cannot_start", None)
-    yield
-    workers.shutdown()
 
 
 def add_choices(graph, threads):
@@ -52,8 +57,8 @@ def test_workers_fetch_from_and_publish_to_the_remote_tier_set_here(graph, two_w
     # another machine: its own disk cache, nothing in its processes' memory
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another machine"))
     compiler._COMPILED.clear()
-    workers.shutdown()
-    assert [workers.build_in_worker(c.bmreq) for c in add_choices(graph, (64, 128))] == [
+    workers.pool().shutdown()
+    assert [workers.pool().build(c.bmreq) for c in add_choices(graph, (64, 128))] == [
         "remote", "remote"]
 
 
@@ -63,11 +68,11 @@ def test_a_worker_builds_into_the_cache_asked_for_not_from_its_memory(graph, two
     worker that built it before stores it there too, so nothing compiles here."""
     monkeypatch.setattr(config, "compile_workers", 1)  # the same worker, both times
     (choice,) = add_choices(graph, (64,))
-    assert workers.build_in_worker(choice.bmreq) == "compiled"
+    assert workers.pool().build(choice.bmreq) == "compiled"
     monkeypatch.setattr(config, "cache_dir", str(tmp_path / "another cache"))
     compiler._COMPILED.clear()
     (again,) = add_choices(graph, (64,))
-    assert workers.build_in_worker(again.bmreq) == "compiled"
+    assert workers.pool().build(again.bmreq) == "compiled"
     assert again.load().origin == "disk" and counters.kernels.compiled == 0
 
 
@@ -77,7 +82,7 @@ def test_a_kernel_already_built_goes_to_no_worker(graph, monkeypatch):
     monkeypatch.setattr(config, "compile_workers", 2)
     (again,) = add_choices(graph, (128,))
     again.precompile()
-    assert workers._running == 0 and again.failure is None
+    assert workers.pool().running == 0 and again.failure is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a folder of another user needs root")
@@ -87,7 +92,7 @@ def test_a_cache_used_read_only_sends_nothing_to_workers(graph, two_workers, ker
     os.chown(kernel_cache_dir, 12345, 12345)
     (choice,) = add_choices(graph, (128,))
     choice.precompile()
-    assert choice.failure is None and workers._running == 0
+    assert choice.failure is None and workers.pool().running == 0
     assert counters.kernels.compiled == 1
 
 
@@ -204,7 +209,7 @@ def test_upstream_style_entries_go_to_no_worker(graph, two_workers):
     choice = CuteDSLTemplate("upstream_in_workers", UPSTREAM_ADD_SOURCE).generate(
         input_nodes=inputs, layout=make_layout((64, 128)), THREADS_PER_BLOCK=128)
     choice.precompile()
-    assert choice.failure is None and workers._running == 0
+    assert choice.failure is None and workers.pool().running == 0
 
 
 def test_workers_that_cannot_start_leave_every_compile_to_this_process(
@@ -219,9 +224,31 @@ def test_workers_that_cannot_start_leave_every_compile_to_this_process(
     wait_until(lambda: not zombie_children(), 10, "a dead zygote was not reaped")
 
 
+def test_two_pools_share_nothing_and_a_shutdown_leaves_no_process(graph, monkeypatch):
+    """A pool whose workers cannot start turns itself off, not another; shutting one
+    down stops none of another's processes, and the other's shutdown ends its own."""
+    first, second = add_choices(graph, (64, 128))  # made without workers: none start ahead
+    monkeypatch.setattr(config, "compile_workers", 2)
+    broken, working = workers.WorkerPool(), workers.WorkerPool()
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "executable", "/bin/false")  # an interpreter that cannot run them
+        assert broken.build(first.bmreq) is None
+    assert broken.cannot_start is not None and working.cannot_start is None
+    assert working.build(first.bmreq) == "compiled"
+    zygote = working.zygote
+    broken.shutdown()
+    assert working.build(second.bmreq) == "compiled" and working.zygote is zygote
+    processes = [zygote.process.pid, *children(zygote.process.pid)]
+    assert len(processes) == 2 and working.running == 1  # the idle worker built both
+    assert workers.pool().zygote is None and workers.pool().cannot_start is None
+    working.shutdown()
+    wait_until(lambda: all(process_state(pid) is None for pid in processes), 30,
+               "a worker or the zygote is left")
+
+
 def wait_until_built(choices, seconds=180):
     deadline = time.monotonic() + seconds
-    while any(workers._key_to_build(c.bmreq, False) is not None for c in choices):
+    while any(worker_builds.key_to_build(c.bmreq, False) is not None for c in choices):
         assert time.monotonic() < deadline, "the prefetched kernels were not built"
         time.sleep(0.2)
 
@@ -240,7 +267,7 @@ def test_prefetched_choices_build_when_made_and_their_precompile_loads_them(
 def test_without_prefetch_a_made_choice_builds_nothing(graph, two_workers):
     (choice,) = add_choices(graph, (64,))
     time.sleep(1.0)
-    assert workers._key_to_build(choice.bmreq, False) is not None
+    assert worker_builds.key_to_build(choice.bmreq, False) is not None
 
 
 def test_a_build_under_way_is_waited_for_not_started_again(graph, two_workers):
@@ -249,7 +276,7 @@ def test_a_build_under_way_is_waited_for_not_started_again(graph, two_workers):
 
     def build():
         start.wait()
-        return workers.build_in_worker(choice.bmreq)
+        return workers.pool().build(choice.bmreq)
 
     with ThreadPoolExecutor(2) as pool:
         replies = list(pool.map(lambda _: build(), range(2)))
@@ -262,21 +289,21 @@ def test_a_prefetch_whose_knobs_changed_is_dropped(graph, two_workers, monkeypat
     (choice,) = add_choices(graph, (256,))
     monkeypatch.setattr(config, "compile_prefetch", True)
     with config.patch(compile_options="--opt-level 2"):  # not the choice's any more
-        workers.prefetch(choice.bmreq)
+        workers.pool().prefetch(choice.bmreq)
         time.sleep(1.0)
     monkeypatch.setattr(config, "compile_prefetch", False)
-    assert workers._key_to_build(choice.bmreq, False) is not None
+    assert worker_builds.key_to_build(choice.bmreq, False) is not None
 
 
 def test_the_first_choice_to_build_starts_the_workers_ahead(graph, two_workers):
     """Without prefetch nothing builds when a choice is made, but the workers start then,
     and the precompile that follows uses them."""
     first, second = add_choices(graph, (64, 128))
-    assert workers._running == 2 and workers._IDLE.qsize() == 2
+    assert workers.pool().running == 2 and workers.pool().idle == 2
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda choice: choice.precompile(), (first, second)))
     assert [first.failure, second.failure] == [None, None]
-    assert workers._running == 2  # the same two workers built both
+    assert workers.pool().running == 2  # the same two workers built both
     assert counters.kernels.compiled == 0 and counters.kernels.disk_hits == 2
     # what they cost, as the first-call breakdown reports it
     stats = counters.workers
@@ -288,6 +315,5 @@ def test_a_choice_already_built_starts_no_worker(graph, monkeypatch):
     (first,) = add_choices(graph, (128,))
     first.load()  # compiled here, no workers
     monkeypatch.setattr(config, "compile_workers", 2)
-    monkeypatch.setattr(workers, "_cannot_start", None)
     add_choices(graph, (128,))
-    assert workers._running == 0
+    assert workers.pool().running == 0

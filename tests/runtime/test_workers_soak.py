@@ -40,12 +40,11 @@ def disrupt(zygote_pid, struck, seconds=120):
 def test_precompiling_while_workers_are_stopped_and_killed(graph, kernel_cache_dir,
                                                            monkeypatch, caplog):
     monkeypatch.setattr(config, "compile_workers", 2)
-    monkeypatch.setattr(workers, "_cannot_start", None)
     (warm,) = add_choices(graph, (32,))  # the zygote's imports, under the default bound
     warm.precompile()
     assert warm.failure is None
     monkeypatch.setattr(config, "compile_worker_timeout_s", TIMEOUT_S)
-    zygote_pid = workers._zygote.process.pid
+    zygote_pid = workers.pool().zygote.process.pid
     seen = {zygote_pid}
     try:
         for round_ in range(ROUNDS):
@@ -64,6 +63,6 @@ def test_precompiling_while_workers_are_stopped_and_killed(graph, kernel_cache_d
             assert f"(pid {struck[0]}) did not answer within {TIMEOUT_S} s" in caplog.text
             assert counters.kernels.compiled == 0  # every kernel built in a worker
     finally:
-        workers.shutdown()
+        workers.pool().shutdown()
     wait_until(lambda: all(process_state(pid) is None for pid in seen), 30,
                "a worker or the zygote is left")

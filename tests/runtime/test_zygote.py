@@ -15,7 +15,7 @@ import torch
 
 from cutedsl_inductor import config
 from cutedsl_inductor.kernels.gemm.template import gemm_choices
-from cutedsl_inductor.runtime import workers
+from cutedsl_inductor.runtime import worker_builds
 from cutedsl_inductor.runtime.zygote import READY, WORKER_ENV, ZYGOTE_SOURCE, Zygote
 from tests.helpers import make_input, make_layout, process_state, wait_until
 
@@ -122,7 +122,7 @@ def test_a_workers_imports_and_a_gemm_build_import_no_inductor(graph, tmp_path, 
     b = make_input(graph, "b", (512, 384), torch.bfloat16)
     choices = []
     gemm_choices(choices, "mm", [a, b], make_layout((256, 384), torch.bfloat16))
-    request = pickle.dumps(workers._build_for(choices[0].bmreq))
+    request = pickle.dumps(worker_builds.build_for(choices[0].bmreq))
     (tmp_path / "build").write_bytes(request)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH="sm_90a", **{WORKER_ENV: "1"})
     run = subprocess.run([sys.executable, "-c", AS_A_FORK, str(tmp_path / "build")], env=env,

@@ -29,9 +29,10 @@ B through a transposed view); dQ * scale stored (rows below Q_LEN).
 
 Fused dQ (``FlexBwdConfig.fused_dq``): the dK/dV kernel computes dQ too, and the dQ
 kernel (with its recomputed S and dP) is not run. Per Q step both warpgroups' dS^T go
-into the stage's dS tile (stmatrix, then a barrier of both), each warpgroup multiplies
-its half of the head dim (dQ = dS K), writes it to its fp32 half tile in shared memory,
-and one TMA reduce-add puts the half into a zeroed fp32 workspace (B, H, Q_LEN, D); a
+into the stage's dS tile (stmatrix, then a barrier of both), each warpgroup issues the
+GEMM of its half of the head dim (dQ = dS K) before dK's, and while dK's runs writes the
+dQ half to its fp32 tile in shared memory, and one TMA reduce-add puts the half into a
+zeroed fp32 workspace (B, H, Q_LEN, D); a
 cast kernel then writes dQ * scale. Reduce-adds of different CTAs to the same rows are
 atomic in L2: their order, and so dQ's last bits, vary between runs.
 Plain scores (``plain_scores``: the score_mod is the identity and its gradient the incoming
@@ -677,10 +678,14 @@ class Sm90FlexBackward:
         warpgroup.fence()
         if cutlass.const_expr(not self.config.pipelined):
             self.gemm_rs(mma_rs, acc_dv, rP, tVrdOt, stage)
+        if cutlass.const_expr(fused is not None):
+            self.dq_gemm(fused, rdS, stage, wg)
         self.gemm_rs(mma_rs, acc_dk, rdS, tKrQt, stage)
         warpgroup.commit_group()
         if cutlass.const_expr(fused is not None):
-            self.dq_step(fused, rdS, stage, wg, q_base, b_idx, h_idx)
+            # dQ's GEMM (and dV's) done, dK's still running: dQ goes out meanwhile
+            warpgroup.wait_group(1)
+            self.dq_add(fused, wg, q_base, b_idx, h_idx)
         warpgroup.wait_group(0)
 
     # ------------------------------------------------------------- fused dQ
@@ -691,7 +696,7 @@ class Sm90FlexBackward:
 
     @cute.jit
     def dq_parts(self, tma_dq, g_dq, mma_dq, mma_ss, fused_smem, sK, tidx):
-        """What ``dq_step`` needs, made once per consumer thread: the dQ MMA's fragments
+        """What ``dq_gemm`` and ``dq_add`` need, made once per consumer thread: the dQ MMA's fragments
         (dS tiles as A, K^T as B: this warpgroup's half of the head dim), its accumulator,
         the store of dS^T's registers into a dS tile, the accumulator's place in the dQ
         halves (as one Q_STEP x D tile) and their TMA partitions."""
@@ -712,19 +717,16 @@ class Sm90FlexBackward:
                 dq_thr.partition_C(cute.group_modes(sdQ, 1, 3)), dq_smem, dq_gmem)
 
     @cute.jit
-    def dq_step(self, fused, rdS, stage, wg, q_base, b_idx, h_idx):
-        """dQ of one Q step: both warpgroups' dS^T halves into the stage's dS tile, then
-        dQ = dS K (each warpgroup its half of the head dim) into the warpgroup's dQ half
-        in shared memory, which one TMA reduce-add puts into the accumulator. A stage's
-        dS tile is rewritten two steps later, by when both warpgroups have passed this
-        step's barrier, so its dQ GEMM (waited for here) has read it."""
-        (tma_dq, mma_dq, acc_dq, frag_ds, frag_kt, store, st_thr, ds_dst, dq_dst, dq_smem,
-         dq_gmem) = fused
+    def dq_gemm(self, fused, rdS, stage, wg):
+        """dQ of one Q step, issued: both warpgroups' dS^T halves into the stage's dS tile,
+        then dQ = dS K (each warpgroup its half of the head dim) as a commit group of its
+        own. A stage's dS tile is rewritten two steps later, by when both warpgroups have
+        passed this step's barrier, so its dQ GEMM (waited for in this step) has read it."""
+        (_, mma_dq, acc_dq, frag_ds, frag_kt, store, st_thr, ds_dst, _, _, _) = fused
         tidx, _, _ = cute.arch.thread_idx()
-        leader = self._dq_leader(tidx)
-        if leader:
-            # the last step's reduce-add has read this warpgroup's dQ half; the barrier
-            # below tells the other warps
+        if self._dq_leader(tidx):
+            # the last step's reduce-add has read this warpgroup's dQ half (``dq_add``
+            # rewrites it); the barrier below tells the other warps
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.copy(store, st_thr.retile(rdS), ds_dst[(None, None, None, wg - 1 + 2 * stage)])
         # the generic-proxy stores made visible to WGMMA's async proxy, then both halves in
@@ -738,13 +740,19 @@ class Sm90FlexBackward:
                 cute.gemm(mma_dq, acc_dq, frag_ds[(None, None, kb, half + 2 * stage)],
                           frag_kt[(None, None, kb, half)], acc_dq)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+
+    @cute.jit
+    def dq_add(self, fused, wg, q_base, b_idx, h_idx):
+        """The step's dQ (its GEMM waited for) into the warpgroup's dQ half in shared
+        memory, which one TMA reduce-add puts into the accumulator."""
+        (tma_dq, _, acc_dq, _, _, _, _, _, dq_dst, dq_smem, dq_gmem) = fused
+        tidx, _, _ = cute.arch.thread_idx()
         dq_dst.store(acc_dq.load())
         # visible to the TMA (async proxy), then the whole half written
         cute.arch.fence_proxy("async.shared", space="cta")
         pipeline.NamedBarrier(barrier_id=FlexBwdBarrier.DQ_WRITTEN_WG1 + wg - 1,
                               num_threads=THREADS_PER_WG).arrive_and_wait()
-        if leader:
+        if self._dq_leader(tidx):
             cute.copy(tma_dq, dq_smem[(None, wg - 1)],
                       dq_gmem[(None, q_base // Q_STEP, wg - 1, h_idx + self.heads * b_idx)])
             cute.arch.cp_async_bulk_commit_group()

@@ -7,7 +7,8 @@ accumulation); every non-unit stride of A, B and C (leading dimension and batch 
 a multiple of 16 bytes and the base pointers 16-byte aligned (TMA's rules; for L == 1
 the batch stride is unused but still declared divisible); M, N, K >= 1 and below 2^31,
 tails handled; with ``store="tma"`` also ``N * sizeof(C) % 16 == 0`` (the TMA store
-clips the N tail only to 16 bytes, so it would write past column N).
+clips the N tail only to 16 bytes, so it would write past column N). C may also be float8
+where it is a fused epilogue's output (``fused_output_error``), never a choice's own.
 ``standalone.make_fake_gemm_args`` declares exactly these contracts.
 
 A problem is frozen and well formed by construction (majors the kernel names, integer
@@ -22,10 +23,12 @@ from typing import Any
 
 import torch
 
+from ...compile.records import Params
 from ...exc import RecordError
+from ...template.template import default_fused_output_error
 from .config import FP8_DTYPES, GemmConfig, gemm_dtype
 
-__all__ = ["GemmProblem"]
+__all__ = ["GemmProblem", "fused_output_error"]
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAJORS = {"a_major": ("k", "m"), "b_major": ("k", "n")}
@@ -137,3 +140,22 @@ class GemmProblem:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def fused_output_error(params: Params, node: Any) -> str | None:
+    """Why a choice of ``params`` cannot store a fused epilogue's output ``node``, or None:
+    besides the default dtypes, float8 (e4m3, e5m2: the next layer's input, quantized with
+    a scale the graph has), whose rows the TMA store writes in whole 16 bytes (N a
+    multiple of 16; the direct store takes any N), and not from a ping-pong warpgroup
+    holding 128 accumulator registers per thread: with rowwise scales, a bias and the
+    quantization such a kernel spilled (docs/gemm.md), so its output stays bf16."""
+    from torch._inductor.virtualized import V
+
+    if node.get_dtype() not in FP8_DTYPES:
+        return default_fused_output_error(params, node)
+    if params.get("PINGPONG") and params["TILE_M"] * params["TILE_N"] >= 128 * 128:
+        return "a float8 output of a ping-pong 128-register accumulator spills"
+    n = node.get_size()[-1]
+    if params["STORE"] == "tma" and not V.graph.sizevars.statically_known_multiple_of(n, 16):
+        return f"a float8 output of N={n} columns, not known to be a multiple of 16 (TMA store)"
+    return None

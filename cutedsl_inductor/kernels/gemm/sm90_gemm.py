@@ -139,7 +139,8 @@ class Sm90Gemm(EpilogueHooks, PrologueHooks):
         self.operands.check_dtypes(a_dtype, b_dtype)
         if (a_dtype.width == 8) != self.config.fp8:  # the config's resources are for its width
             raise ValueError(f"Sm90Gemm: {a_dtype} operands with fp8={self.config.fp8}")
-        if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32):
+        if c_dtype not in (cutlass.BFloat16, cutlass.Float16, cutlass.Float32,
+                           cutlass.Float8E4M3FN, cutlass.Float8E5M2):
             raise ValueError(f"Sm90Gemm: unsupported output dtype {c_dtype}")
         if c_layout != LayoutEnum.ROW_MAJOR and self.store == "tma":
             raise ValueError("Sm90Gemm: C must be row-major (N contiguous) with store='tma'")

@@ -18,7 +18,7 @@ from .sm90_gemm import Sm90Gemm
 
 _OPERAND_PAIRS = ([(torch.bfloat16,) * 2, (torch.float16,) * 2]
                   + [(a, b) for a in FP8_DTYPES for b in FP8_DTYPES])
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, *FP8_DTYPES)
 
 __all__ = ["make_fake_gemm_args", "compile_sm90_gemm", "compile_scaled_gemm", "SCALE_KINDS"]
 
@@ -60,7 +60,7 @@ def make_fake_gemm_args(ab_dtype: Any = "bf16", out_dtype: Any = "bf16", a_major
     bias = None
     if bias_dtype is not None:
         bias_kind = gemm_dtype(bias_dtype)
-        if bias_kind not in _OUT_DTYPES:
+        if bias_kind not in _OUT_DTYPES[:3]:
             raise ValueError(f"unsupported bias dtype {bias_dtype}")
         bias = make_fake_tensor(cutlass_dtype(bias_kind), (m, n, l),
                                 (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()))

@@ -22,6 +22,7 @@ A problem that does not suit it gets no choice, with a debug log saying why.
 ``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``; the kernel's ``swiglu``
 "b", or "a" with swap-AB, where the weights are its A) for the lowering of
 ``cutedsl::swiglu_mm`` (``inductor/swiglu.py``).
+A fused epilogue's output may be float8 (``problem.fused_output_error``), then C's dtype.
 A fused prologue (``{{def_prologue("a")}}``: the scheduler's, on torch's ``a``) renders the
 kernel's ``transform_a`` variant, its A the prologue's source (``transform_a.py``); a
 swap-AB, SwiGLU or split-K choice claims no prologue, so it is not fused there.
@@ -45,7 +46,7 @@ from ...template.template import CuteDSLTemplate
 from . import sm90_gemm  # noqa: F401
 from .config import DEFAULT_GROUP_SIZE, GemmConfig
 from .heuristic import pick_configs, swiglu_configs
-from .problem import GemmProblem
+from .problem import GemmProblem, fused_output_error
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ class {{kernel_name}}_Gemm({{base}}):
 {%- endif %}
 '''
 
-gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True)
+gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True,
+                                fused_output_error=fused_output_error)
 
 
 def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,

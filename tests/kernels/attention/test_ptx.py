@@ -118,22 +118,23 @@ def test_the_backward_overlaps_p_and_ds_with_its_gemms(entries):
 
 
 def test_the_fused_dq_adds_each_half_of_a_step_with_tma_reduce_adds(entries):
-    """Fused dQ: after dK's GEMM is issued, dS^T stored (stmatrix) and both halves in (a
-    256-thread barrier), dQ's GEMM, then the warpgroup's half in (128 threads) and its
-    TMA reduce-adds; the reduce-adds' reads are waited for before the next dS store. No
-    per-thread reduction (``red.global``/``atom.global``: 4096 a step before)."""
+    """Fused dQ: dS^T stored (stmatrix) and both halves in (a 256-thread barrier), dQ's
+    GEMM issued, then dK's; once dQ's is in (``wait_group 1``) the warpgroup's half goes
+    to shared memory while dK's runs, then in (128 threads) its TMA reduce-adds; the
+    reduce-adds' reads are waited for before the next dS store. No per-thread reduction
+    (``red.global``/``atom.global``: 4096 a step before)."""
     ptx = entries["bwd-causal-fused", "dkdvq"]
-    steps = re.compile(r"(wgmma\.mma_async)|(wgmma\.wait_group\.sync\.aligned\s+0)|"
+    steps = re.compile(r"(wgmma\.mma_async)|(wgmma\.wait_group\.sync\.aligned\s+(\d))|"
                        r"(stmatrix)|(bar\.sync\s+\S+,\s*(\d+))|(cp\.reduce\.async\.bulk\.tensor)|"
                        r"(cp\.async\.bulk\.wait_group\.read)")
     tokens = []
     for m in steps.finditer(ptx):
-        mma, wait, st, bar, threads, reduce, read = m.groups()
-        token = ("M" if mma else "W0" if wait else "S" if st else f"B{threads}" if bar
-                 else "R" if reduce else "r")
+        mma, wait, pending, st, bar, threads, reduce, read = m.groups()
+        token = ("M" if mma else f"W{pending}" if wait else "S" if st else f"B{threads}"
+                 if bar else "R" if reduce else "r")
         if not tokens or tokens[-1] != token:
             tokens.append(token)
-    assert " ".join(tokens).endswith("r S B256 M W0 B128 R W0"), tokens
+    assert " ".join(tokens).endswith("r S B256 M W1 B128 R W0"), tokens
     assert not re.search(r"\b(red|atom)\.global", ptx)
 
 

@@ -88,6 +88,23 @@ def test_rowwise_scales_and_bias_fit_in_registers(tmp_path, cfg):
     assert [(stack, local) for _, stack, local in usage] == [("0", "0")], usage
 
 
+@pytest.mark.parametrize("cfg,out", [*((c, "e4m3") for c in fp8_configs(8192, 8192, 8192)[:2]),
+                                     (SWAP_SPLIT, "e5m2")], ids=lambda c: getattr(c, "name", c))
+def test_a_float8_output_rounds_pairs_and_fits_in_registers(tmp_path, cfg, out):
+    """A float8 C (a fused epilogue's: the next layer's quantized input): the TMA store
+    converts each pair of values at once (saturating) and writes it to smem as two bytes,
+    the direct store a value at a time; no stack frame, no local memory."""
+    ptx, usage = _ptx_and_usage(tmp_path, cfg, "e4m3", "e4m3", out, "row", "col")
+    values = cfg.tile_m * cfg.tile_n // (128 * cfg.tile_wgs)  # per thread, in the code
+    per_op = 1 if cfg.store == "direct" else 2
+    assert ptx.count(f"cvt.rn.satfinite.{out}x2.f32") == values // per_op
+    stores = "st.global.b8" if cfg.store == "direct" else "st.shared.b16"
+    assert ptx.count(stores) == values // per_op
+    assert ".local" not in ptx
+    if usage is not None:
+        assert [(stack, local) for _, stack, local in usage] == [("0", "0")], usage
+
+
 @pytest.mark.parametrize("a_major,b_major", [("m", "k"), ("k", "n")])
 def test_operands_fp8_wgmma_cannot_read_are_refused(a_major, b_major):
     reason = GemmProblem("e4m3", "e4m3", "bf16", a_major, b_major, 256, 256, 256).why_not()
