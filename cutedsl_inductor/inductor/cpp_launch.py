@@ -28,6 +28,7 @@ import dataclasses
 import weakref
 from typing import Any
 
+from torch._inductor.codegen.wrapper import WrapperLine
 from torch._inductor.utils import get_kernel_metadata
 from torch._inductor.virtualized import V
 
@@ -98,9 +99,29 @@ def generate_call(name: str, nodes: list[Any], references: list[str],
         else:
             code, bits = DLPACK_DTYPES[spec.dtype]
             args.append(f"cutedsl_aot::tensor({reference}, {code}, {bits})")
-    if V.graph.aot_mode:
-        stream, folder = "stream", "this->cubin_dir_"
-    else:
-        stream, folder = wrapper.write_get_raw_stream(device.index, V.graph.name), "std::nullopt"
-    wrapper.writeline(f"cutedsl_aot::launch({name}, cutedsl_runtime, {folder}, {stream}, "
-                      f"{{{', '.join(args)}}});")
+    wrapper.writeline(_LaunchLine(wrapper, name, args, device.index, V.graph.name))
+
+
+@dataclasses.dataclass
+class _LaunchLine(WrapperLine):
+    """One launch, written when the wrapper turns its lines into code, as Inductor's own
+    kernel calls are (``KernelCallLine``): the wrapper declares a device's stream
+    (``cudaStream_t stream0; ...``) where its first ``write_get_raw_stream`` happens and
+    then only names it (cached per device and graph). Asked for here, at scheduling, our
+    declaration would land at our launch, after a Triton kernel earlier in the graph had
+    already named ``stream0`` when its deferred line became code (issue #66)."""
+
+    wrapper: Any
+    name: str
+    args: list[str]
+    device_index: int
+    graph_name: str
+
+    def codegen(self, code: Any) -> None:
+        if V.graph.aot_mode:
+            stream, folder = "stream", "this->cubin_dir_"
+        else:
+            stream = self.wrapper.write_get_raw_stream(self.device_index, self.graph_name)
+            folder = "std::nullopt"
+        code.writeline(f"cutedsl_aot::launch({self.name}, cutedsl_runtime, {folder}, "
+                       f"{stream}, {{{', '.join(self.args)}}});")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils._triton
 from torch._inductor.lowering import lowerings, register_lowering
 
 from cutedsl_inductor import config
@@ -150,6 +151,33 @@ def test_the_gemm_takes_its_transposed_weight_as_a_view(cpp_lowering, tmp_path):
     assert re.search(r"cutedsl_sm90_gemm_\w+_cpp, cutedsl_runtime", launch)
     assert "cutedsl_aot::tensor(wrap_with_raii_handle_if_needed(reinterpret_tensor_wrapper(" \
         "w_1, 2, " in launch and ", 4, 16)" in launch  # bf16: DLPack's code 4
+    compiles(code, tmp_path)
+
+
+def rmsnorm_gemm_relu_sum(x, w):
+    normed = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+    return torch.relu(normed @ w.t()).sum(-1)
+
+
+@needs_cuda_headers
+def test_a_triton_kernel_before_ours_finds_the_stream_declared(cpp_lowering, monkeypatch,
+                                                               tmp_path):
+    """Triton kernels before and after our GEMM (an rmsnorm, a relu and sum) under
+    cpp_wrapper: the stream is declared before its first use, whichever kernel uses it
+    first (issue #66: a Llama's first Triton call named ``stream0`` before our launch
+    declared it). The Triton calls are compiled lazily, at run time, so no Triton here."""
+    monkeypatch.setattr(torch.utils._triton, "triton_hash_with_backend", lambda: "none")
+    with config.patch(gemm_max_configs=1), torch._inductor.config.patch(
+            {"max_autotune": True, "max_autotune_gemm_backends": "CUTEDSL",
+             "triton.autotune_at_compile_time": False}):
+        code, _ = generated(rmsnorm_gemm_relu_sum, (256, 128), (512, 128), aot_mode=False,
+                            dtype=torch.bfloat16)
+    lines = [line.strip() for line in code.splitlines()]
+    calls = [i for i, line in enumerate(lines) if line.startswith(("call_triton_",
+                                                                   "cutedsl_aot::launch("))]
+    assert [lines[i].split("(")[0] for i in calls] == \
+        ["call_triton_per_fused_0", "cutedsl_aot::launch", "call_triton_per_fused_1"]
+    assert lines.index("cudaStream_t stream0;") < calls[0]
     compiles(code, tmp_path)
 
 
