@@ -12,6 +12,8 @@ through the launch::
     cutedsl_aot::launch(<kernel>, cutedsl_runtime, <folder>, <stream>,
                         {cutedsl_aot::tensor(buf0, 4, 16), ..., cutedsl_aot::scalar(s0)});
 
+The statement is a wrapper line (``_LaunchLine``) that becomes code in order with
+Inductor's own kernel calls, so whichever comes first declares the stream.
 ``<folder>`` is the model's ``cubin_dir_`` under AOTInductor (the package's extracted
 folder, where it has one) and ``std::nullopt`` under cpp_wrapper: files are then found
 by their absolute paths. Under AOTInductor every staged file joins the wrapper's
@@ -99,10 +101,10 @@ def generate_call(name: str, nodes: list[Any], references: list[str],
         else:
             code, bits = DLPACK_DTYPES[spec.dtype]
             args.append(f"cutedsl_aot::tensor({reference}, {code}, {bits})")
-    wrapper.writeline(_LaunchLine(wrapper, name, args, device.index, V.graph.name))
+    wrapper.writeline(_LaunchLine(wrapper, name, tuple(args), device.index, V.graph.name))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _LaunchLine(WrapperLine):
     """One launch, written when the wrapper turns its lines into code, as Inductor's own
     kernel calls are (``KernelCallLine``): the wrapper declares a device's stream
@@ -113,7 +115,7 @@ class _LaunchLine(WrapperLine):
 
     wrapper: Any
     name: str
-    args: list[str]
+    args: tuple[str, ...]
     device_index: int
     graph_name: str
 
