@@ -11,7 +11,7 @@
 # Inductor caches warm (compiles less); its timings are what counts. RUNS: which runs
 # (default "1 2"); on an H100 the first, cold, run of both variants takes more than one
 # device call (10 min) allows with the second: run "1" and "2" in calls of their own on
-# the same machine (OUT kept between them), then the report compares them.
+# the same machine, OUT a folder that outlives a call, and the report compares them.
 # Add --levers (each lever flipped alone) or drop --no-first-calls (cold and warm first
 # calls against max-autotune's) for the compile tax; both take longer than one call.
 set -uo pipefail
