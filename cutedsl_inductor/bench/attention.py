@@ -15,8 +15,9 @@ the output code's kernel for the timed pass. ``triton``: the same without CUTEDS
 ``triton-tuned``: under max-autotune (not by default); ``flash``: flex with ``BACKEND=
 "FLASH"``, torch's lowering onto flash-attn 4's CuTe DSL kernels (the peer; by default
 where ``flash_attn.cute`` imports, else a failed row naming the wheel; its ``kernel`` is
-``flash`` where the pass's output code names flash-attn's kernels or torch's template); ``sdpa-flash``/
-``sdpa-cudnn`` and (not by default) ``sdpa-choice``: SDPA, causal only (``attention_sdpa.py``).
+``flash`` where the pass's output code names flash-attn's kernels or torch's template);
+``sdpa-flash``/``sdpa-cudnn`` and (not by default) ``sdpa-choice``: SDPA, causal only
+(``attention_sdpa.py``).
 Each first call compiles afresh (no FX graph or AOT autograd cache: the output code read
 is the code compiled; our CuTe kernels may load from the kernel cache) with AOT autograd's
 donated buffers off, so that ``bwd`` can time the backward alone,

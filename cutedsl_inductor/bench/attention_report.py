@@ -7,9 +7,10 @@ and sdpa-choice's rows, ``vs_<ref>`` with its range over the rounds. Everything 
 works from the rows alone, so ``bench attention --merge CSV ...`` redraws runs made
 earlier.
 
-The plot: ratios first -- ours over Inductor's Triton flex and flex's FLASH backend (the goals, 1.5 forward and
-1.3 backward, drawn), ours over SDPA on plain causal -- then each variant's TFLOP/s
-forward and backward; one x position per case, titled with the GPU and versions.
+The plot: ratios first -- ours over Inductor's Triton flex and flex's FLASH backend (the
+goals over Triton, 1.5 forward and 1.3 backward, drawn), ours over SDPA on plain causal --
+then each variant's TFLOP/s forward and backward; one x position per case, titled with
+the GPU and versions.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .args import csv_rows, read_csv_rows
 from .gemm_plot import MARKERS, geomean, pyplot, range_bars, ratio_axis, setup_line
 
 CASE_FIELDS = ["batch", "heads", "seq", "head_dim", "mask", "dtype"]
-REFS = ("triton", "triton-tuned", "flash", "sdpa-flash", "sdpa-cudnn")  # what ours is compared with
+REFS = ("triton", "triton-tuned", "flash", "sdpa-flash", "sdpa-cudnn")  # ours compared with
 # the printed table's ratio columns: over Triton flex, flex's FLASH backend, SDPA's two
 COLUMNS = {"triton": "/triton", "flash": "/fa4", "sdpa-flash": "/fa2", "sdpa-cudnn": "/cudnn"}
 RATIO_FIELDS = [f"vs_{ref}{end}" for ref in REFS for end in ("", "_min", "_max")]

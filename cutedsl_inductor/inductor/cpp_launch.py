@@ -12,6 +12,8 @@ through the launch::
     cutedsl_aot::launch(<kernel>, cutedsl_runtime, <folder>, <stream>,
                         {cutedsl_aot::tensor(buf0, 4, 16), ..., cutedsl_aot::scalar(s0)});
 
+The statement is a wrapper line (``_LaunchLine``) that becomes code in order with
+Inductor's own kernel calls, so whichever comes first declares the stream.
 ``<folder>`` is the model's ``cubin_dir_`` under AOTInductor (the package's extracted
 folder, where it has one) and ``std::nullopt`` under cpp_wrapper: files are then found
 by their absolute paths. torch 2.14's AOTInductor also writes a JIT entry (its "dual
@@ -105,18 +107,7 @@ def generate_call(name: str, nodes: list[Any], references: list[str],
         else:
             code, bits = DLPACK_DTYPES[spec.dtype]
             args.append(f"cutedsl_aot::tensor({reference}, {code}, {bits})")
-
-    def launch(stream: str, folder: str) -> str:
-        return (f"cutedsl_aot::launch({name}, cutedsl_runtime, {folder}, {stream}, "
-                f"{{{', '.join(args)}}});")
-
-    if V.graph.aot_mode and not _dual(wrapper):
-        line: Any = launch("stream", "this->cubin_dir_")
-    else:
-        line = launch(wrapper.write_get_raw_stream(device.index, V.graph.name), "std::nullopt")
-        if V.graph.aot_mode:
-            line = _DualLaunch(jit=line, aot=launch("stream", "this->cubin_dir_"))
-    wrapper.writeline(line)
+    wrapper.writeline(_LaunchLine(wrapper, name, tuple(args), device.index, V.graph.name))
 
 
 def _dual(wrapper: Any) -> bool:
@@ -125,13 +116,35 @@ def _dual(wrapper: Any) -> bool:
     return isinstance(wrapper.wrapper_call, getattr(torch_utils, "DualIndentedBuffer", ()))
 
 
-@dataclasses.dataclass
-class _DualLaunch(WrapperLine):
-    """One launch written twice: to the JIT entry and to AOTI's ``run_impl``."""
+@dataclasses.dataclass(frozen=True)
+class _LaunchLine(WrapperLine):
+    """One launch, written when the wrapper turns its lines into code, as Inductor's own
+    kernel calls are (``KernelCallLine``): the wrapper declares a device's stream
+    (``cudaStream_t stream0; ...``) where its first ``write_get_raw_stream`` happens and
+    then only names it (cached per device and graph). Asked for here, at scheduling, our
+    declaration would land at our launch, after a Triton kernel earlier in the graph had
+    already named ``stream0`` when its deferred line became code (issue #66). In dual
+    wrapper mode the launch is written twice: to the JIT entry and to ``run_impl``."""
 
-    jit: str
-    aot: str
+    wrapper: Any
+    name: str
+    args: tuple[str, ...]
+    device_index: int
+    graph_name: str
+
+    def _launch(self, stream: str, folder: str) -> str:
+        return (f"cutedsl_aot::launch({self.name}, cutedsl_runtime, {folder}, {stream}, "
+                f"{{{', '.join(self.args)}}});")
 
     def codegen(self, code: Any) -> None:
-        code.writeline_jit(self.jit)
-        code.writeline_aot(self.aot)
+        aot = self._launch("stream", "this->cubin_dir_")
+        if V.graph.aot_mode and not _dual(self.wrapper):
+            code.writeline(aot)
+            return
+        jit = self._launch(self.wrapper.write_get_raw_stream(self.device_index,
+                                                              self.graph_name), "std::nullopt")
+        if V.graph.aot_mode:
+            code.writeline_jit(jit)
+            code.writeline_aot(aot)
+        else:
+            code.writeline(jit)

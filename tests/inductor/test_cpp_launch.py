@@ -1,9 +1,10 @@
 """Our kernels under Inductor's C++ wrapper (``config.aot``), GPU-less: real graphs lowered
-on the virtual sm_90 with cpp_wrapper and with AOTInductor (the add, the GEMM, a
-workspace, FlexAttention's forward with its BlockMask tables, captured tensors and LSE),
-their C++ checked by the C++ compiler against torch's and CUDA's headers, and the launch
-helper driven through a real exported kernel up to its own argument checks (no GPU: they
-refuse a CPU tensor); choices that do not export refused at autotuning, saying why."""
+on the virtual sm_90 with cpp_wrapper and with AOTInductor (the add, the GEMM, alone and
+between two Triton kernels, a workspace, FlexAttention's forward with its BlockMask
+tables, captured tensors and LSE), their C++ checked by the C++ compiler against torch's
+and CUDA's headers, and the launch helper driven through a real exported kernel up to its
+own argument checks (no GPU: they refuse a CPU tensor); choices that do not export refused
+at autotuning, saying why."""
 
 import logging
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils._triton
 from torch._inductor.lowering import lowerings, register_lowering
 
 from cutedsl_inductor import config
@@ -165,6 +167,33 @@ def test_aotinductors_jit_entry_launches_on_its_own_stream_and_compiles(cpp_lowe
     assert "void inductor_entry_impl(" in code and "this->" not in code
     (launch,) = launches(code)
     assert ", cutedsl_runtime, std::nullopt, stream0, {" in launch
+    compiles(code, tmp_path)
+
+
+def rmsnorm_gemm_relu_sum(x, w):
+    normed = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+    return torch.relu(normed @ w.t()).sum(-1)
+
+
+@needs_cuda_headers
+def test_a_triton_kernel_before_ours_finds_the_stream_declared(cpp_lowering, monkeypatch,
+                                                               tmp_path):
+    """Triton kernels before and after our GEMM (an rmsnorm, a relu and sum) under
+    cpp_wrapper: the stream is declared before its first use, whichever kernel uses it
+    first (issue #66: a Llama's first Triton call named ``stream0`` before our launch
+    declared it). The Triton calls are compiled lazily, at run time, so no Triton here."""
+    monkeypatch.setattr(torch.utils._triton, "triton_hash_with_backend", lambda: "none")
+    with config.patch(gemm_max_configs=1), torch._inductor.config.patch(
+            {"max_autotune": True, "max_autotune_gemm_backends": "CUTEDSL",
+             "triton.autotune_at_compile_time": False}):
+        code, _ = generated(rmsnorm_gemm_relu_sum, (256, 128), (512, 128), aot_mode=False,
+                            dtype=torch.bfloat16)
+    lines = [line.strip() for line in code.splitlines()]
+    calls = {i: "ours" if line.startswith("cutedsl_aot::launch(") else "triton"
+             for i, line in enumerate(lines)
+             if line.startswith(("call_triton_", "cutedsl_aot::launch("))}
+    assert list(calls.values()) == ["triton", "ours", "triton"]
+    assert lines.index("cudaStream_t stream0;") < min(calls)
     compiles(code, tmp_path)
 
 

@@ -696,10 +696,10 @@ class Sm90FlexBackward:
 
     @cute.jit
     def dq_parts(self, tma_dq, g_dq, mma_dq, mma_ss, fused_smem, sK, tidx):
-        """What ``dq_gemm`` and ``dq_add`` need, made once per consumer thread: the dQ MMA's fragments
-        (dS tiles as A, K^T as B: this warpgroup's half of the head dim), its accumulator,
-        the store of dS^T's registers into a dS tile, the accumulator's place in the dQ
-        halves (as one Q_STEP x D tile) and their TMA partitions."""
+        """What ``dq_gemm`` and ``dq_add`` need, made once per consumer thread: the dQ
+        MMA's fragments (dS tiles as A, K^T as B: this warpgroup's half of the head dim),
+        its accumulator, the store of dS^T's registers into a dS tile, the accumulator's
+        place in the dQ halves (as one Q_STEP x D tile) and their TMA partitions."""
         sdS, sdQ = fused_smem
         dq_thr = mma_dq.get_slice(tidx - THREADS_PER_WG)  # 0 .. 255, both warpgroups
         acc_dq = cute.make_rmem_tensor(dq_thr.partition_shape_C((Q_STEP, self.head_dim)),
