@@ -11,8 +11,8 @@ import re
 
 __version__ = "0.1.0"
 
-# torch >= the first, < the second (tested on 2.11 to 2.14: docs/torch-versions.md)
-TESTED_TORCH = ((2, 11), (2, 15))
+# torch >= the first, < the second (tested on 2.11 to 2.15: docs/torch-versions.md)
+TESTED_TORCH = ((2, 11), (2, 16))
 
 
 def untested_torch(version: str) -> str | None:

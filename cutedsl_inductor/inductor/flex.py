@@ -15,7 +15,12 @@ and kernel options it builds its Triton choices from) and ``autotune_select_algo
 Triton ones on the same input nodes, so autotuning times them against each other: the
 forward's q, k, v, lse, max, the BlockMask's four tensors, then the captured buffers;
 the backward's q, k, v, lse, delta, grad_out, grad_query, grad_value, the BlockMask's
-eight tensors, then the captured buffers). These names exist in torch 2.11 and 2.13's
+eight tensors, then the captured buffers). torch 2.15's forward autotunes on its first
+choice's input nodes instead (a Triton choice's: the template's, then the buffers its
+subgraphs read, which may be the inputs of a capture's producer the subgraph inlined
+rather than the capture), so none where the Triton template made no choice: there ours
+bring their own, which autotuning then takes, built the same way.
+These names exist in torch 2.11 to 2.15's
 ``torch/_inductor/kernel/flex/flex_attention.py`` (2.13's select returns a pair, 2.11's
 the node: passed through untouched); where one is missing nothing is wrapped and
 Inductor's lowering runs unchanged (a warning says so once).
@@ -130,14 +135,31 @@ class _Offer:
 
     def autotune_select_algorithm(self, name: str, choices: list[Any], input_nodes: list[Any],
                                   layout: Any, *args: Any, **kwargs: Any) -> Any:
-        if name == self.kind:
-            self.offer(choices, list(input_nodes), layout)
+        if name == self.kind and self.seen is not None:
+            input_nodes = list(input_nodes) or self.own_inputs()
+            self.offer(choices, input_nodes, layout)
+        elif name == self.kind:
+            log.debug("%s: the lowering did not reach the Triton template; no choice of ours",
+                      self.kind)
         return self.select(name, choices, input_nodes, layout, *args, **kwargs)
 
+    def own_inputs(self) -> list[Any]:
+        """The Triton template's input nodes, then the buffers the subgraphs read (the
+        captured tensors, or the producers the subgraph inlined), each once, in order."""
+        from torch._inductor.ir import IRNode
+        from torch._inductor.virtualized import V
+
+        nodes = list(self.seen.get("input_nodes") or [])
+        names = {n.get_name() for n in nodes}
+        subgraphs = [s for s in self.seen.get("subgraphs") or [] if isinstance(s, IRNode)]
+        for name in (name for s in subgraphs for name in s.get_read_names()):
+            node = V.graph.try_get_buffer(name)  # None: a placeholder (score, b, ..)
+            if node is not None and name not in names:
+                nodes.append(node)
+                names.add(name)
+        return nodes
+
     def offer(self, choices: list[Any], nodes: list[Any], layout: Any) -> None:
-        if self.seen is None:
-            log.debug("%s: the Triton template made no choice; none of ours", self.kind)
-            return
         options = {k: self.seen.get(k) for k in _OPTION_KEYS}
         try:  # lazily: the kernels import cutlass
             if self.kind == "flex_attention":

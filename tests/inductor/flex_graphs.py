@@ -55,11 +55,12 @@ def use_virtual_flex(monkeypatch):
 
 
 def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D, masked=True,
-          cpp_wrapper=False, aot_mode=False):
+          cpp_wrapper=False, aot_mode=False, produced=False):
     """The output code of flex_attention(q, k, v) with a causal BlockMask (``masked``;
     else flex's "no mask" one) and ``options`` as kernel_options; ``captured``: (shape,
     dtype) of score_mod's extra inputs (graph inputs, passed as the HOP's
-    score_mod_other_buffers). With ``cpp_wrapper`` (``aot_mode``: AOTInductor's), the
+    score_mod_other_buffers; ``produced``: computed in the graph from them instead, as
+    ``2 * x + 1``). With ``cpp_wrapper`` (``aot_mode``: AOTInductor's), the
     C++ wrapper's code and its additional files instead."""
     if masked:
         block_mask = create_block_mask(causal, B, H, S, S, device="cpu")
@@ -71,6 +72,8 @@ def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D
 
     def fn(q, k, v, *tensors):
         mask_tensors, extra = tensors[:len(where)], tensors[len(where):]
+        if produced:
+            extra = tuple(2 * x + 1 for x in extra)
         parts_here = list(parts)
         for i, t in zip(where, mask_tensors):
             parts_here[i] = t

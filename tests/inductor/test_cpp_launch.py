@@ -294,9 +294,11 @@ def test_aotinductor_launches_flex_with_its_block_mask_captures_and_lse(cpp_flex
     assert [(int(c), int(b)) for _, c, b in args] == \
         [bf16] * 3 + [fp32] * 2 + [int32] * 4 + [fp32, fp32, bf16]
     # the graph's inputs: q, k, v, the BlockMask's eight tables (the forward reads the
-    # KV four), the captures
+    # KV four), the captures (in the HOP's order before torch 2.15, in the score_mod's
+    # reads on 2.15: the temperature first)
     names = [a for a, _, _ in args]
-    assert names[:3] + names[5:11] == [f"arg{i}_1" for i in range(7)] + ["arg11_1", "arg12_1"]
+    assert names[:3] + names[5:9] == [f"arg{i}_1" for i in range(7)]
+    assert names[9:11] == (["arg12_1", "arg11_1"] if TORCH >= (2, 15) else ["arg11_1", "arg12_1"])
     lse, out = args[3][0], args[11][0]
     assert f"output_handles[0] = {out}.release();" in code
     assert f"output_handles[1] = {lse}.release();" in code  # the LSE is the graph's

@@ -11,7 +11,7 @@ from torch._inductor.select_algorithm import TritonTemplate
 
 from cutedsl_inductor import config
 from cutedsl_inductor.inductor import flex
-from tests.helpers import kernel_definitions, load_kernels
+from tests.helpers import TORCH, kernel_definitions, load_kernels
 from tests.inductor.flex_graphs import FLEX_MODULE, H, OURS, lower, use_virtual_flex
 
 
@@ -44,6 +44,27 @@ def test_the_knob_offers_it_for_every_call_with_captured_tensors(virtual_flex, m
     ours = our_kernels(code)
     assert len(ours) == 1
     assert "captures[0][" in ours[0].value.args[1].value  # the slopes, read by the kernel
+    load_kernels(ours)
+
+
+@pytest.mark.skipif(TORCH < (2, 15), reason="torch 2.11-2.14 autotune flex on the "
+                    "realized capture, which the subgraph does not read (docs/torch-versions.md)")
+def test_a_captured_tensor_computed_in_the_graph_is_read_through_its_producer(
+        virtual_flex, monkeypatch):
+    """The score_mod's subgraph inlines the capture's producer: our kernel reads the graph
+    input it is computed from (torch 2.15 autotunes flex on the buffers the subgraphs read;
+    without a Triton choice ours builds that list itself)."""
+    monkeypatch.setattr(config, "flex_attention", True)
+
+    def alibi(score, b, h, q_idx, kv_idx, slopes):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    code = lower({}, score_mod=alibi, captured=[((H,), torch.float32)], produced=True)
+    ours = our_kernels(code)
+    assert len(ours) == 1
+    source = ours[0].value.args[1].value
+    assert "captures[0][" in source and "cutlass.Float32(2.0)" in source
+    assert ", arg11_1, buf" in code  # the slopes' graph input, after the BlockMask's tensors
     load_kernels(ours)
 
 
@@ -100,9 +121,12 @@ def test_a_refused_problem_names_the_template_its_params_and_the_reason(
 
 
 def triton_stand_in(monkeypatch):
-    """The Triton template appends one stand-in choice per config (none are real here)."""
+    """The Triton template appends one stand-in choice per config (none are real here),
+    on the input nodes it was given (torch 2.15's lowering autotunes on the first
+    choice's; a real one adds the buffers its subgraphs read)."""
     monkeypatch.setattr(TritonTemplate, "maybe_append_choice", lambda self, choices, **kw:
-                        choices.append(types.SimpleNamespace(name="triton_stand_in")))
+                        choices.append(types.SimpleNamespace(
+                            name="triton_stand_in", input_nodes=list(kw["input_nodes"]))))
 
 
 def test_only_ours_drops_the_triton_choices(virtual_flex, monkeypatch):
