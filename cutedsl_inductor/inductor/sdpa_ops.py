@@ -66,6 +66,15 @@ def _bhld(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def _per_head(bias: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor
+              ) -> torch.Tensor | None:
+    """``bias`` as the efficient kernel takes it: (B, Hq, Lq, Lk), a mask broadcast over
+    heads expanded (a view: eager SDPA expands it so before that kernel too)."""
+    if bias is None:
+        return None
+    return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
 def forward(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             bias: torch.Tensor | None, is_causal: bool, scale: float
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +87,7 @@ def forward(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q, k, v, bias, True, 0.0, is_causal, False, scale=scale)[:2]
     elif backend == "efficient":
         out, lse = aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, 0.0, is_causal, scale=scale)[:2]
+            q, k, v, _per_head(bias, q, k), True, 0.0, is_causal, scale=scale)[:2]
     else:
         raise ValueError(f"unknown SDPA backend {backend!r}: one of {BACKENDS}")
     return out, to_canonical(backend, lse, q.shape[2])
@@ -107,7 +116,8 @@ def backward(backend: str, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
     if backend == "efficient":
         seed, offset = torch.empty((), **long), torch.empty((), **long)
         grads = aten._scaled_dot_product_efficient_attention_backward(
-            grad_out if fake else _bhld(grad_out), q, k, v, bias, out if fake else _bhld(out),
+            grad_out if fake else _bhld(grad_out), q, k, v, _per_head(bias, q, k),
+            out if fake else _bhld(out),
             native, seed, offset, 0.0,
             [True, True, True, False], is_causal, scale=scale)
         return tuple(grads[:3])

@@ -87,9 +87,9 @@ def eligible(backend, q, k, v, mask, causal, gqa):
 
 
 def compiled_step(q, k, v, mask, grad_out, causal, gqa=False, repeat_kv=False,
-                  name_filter=None):
+                  name_filter=None, sdpa=True):
     """(out, dq, dk, dv, the forward's and the backward's output code) of one compiled
-    SDPA training step with the knob on."""
+    SDPA training step, the knob ``sdpa``."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -103,7 +103,7 @@ def compiled_step(q, k, v, mask, grad_out, causal, gqa=False, repeat_kv=False,
 
     with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex":
                                        name_filter}), \
-            config.patch(sdpa=True, flex_max_configs=1):
+            config.patch(sdpa=sdpa, flex_max_configs=1):
         poison_free_memory()
         out, codes = run_and_get_code(step)
     assert len(codes) == 2, f"{len(codes)} graphs of output code"
@@ -192,8 +192,7 @@ def test_timed_freely_the_fastest_choice_runs_and_is_right():
 
 def test_switched_off_sdpa_runs_its_own_backend():
     q, k, v, _, grad_out = make_inputs(256, 64, None)
-    with config.patch(sdpa=False):
-        *_, fwd_code, bwd_code = compiled_step(q, k, v, None, grad_out, True)
+    *_, fwd_code, bwd_code = compiled_step(q, k, v, None, grad_out, True, sdpa=False)
     assert "torch.ops.cutedsl.sdpa" not in fwd_code + bwd_code
     assert SDPA_OP_PAIR.search(fwd_code) and SDPA_OP_PAIR.search(bwd_code)
 
