@@ -60,7 +60,8 @@ class Stage:
 def stages(case: Case, args: argparse.Namespace, scratch: Path) -> list[Stage]:
     """The processes of one workload, in order."""
     build = [sys.executable, "-m", "cutedsl_inductor.bench.aot_build"]
-    run = [sys.executable, aot_run.__file__]
+    # faulthandler: a process that dies of a signal leaves its Python stack in its log
+    run = [sys.executable, "-X", "faulthandler", aot_run.__file__]
     folder = Path(case.folder)
     result = [Stage("reference", (*build, "reference", case.to_json()), timeout_s=BUILD_TIMEOUT_S)]
     for variant in VARIANTS:

@@ -44,6 +44,7 @@ def load(payload: dict) -> dict:
     start = time.perf_counter()
     model = torch._inductor.aoti_load_package(payload["package"])
     load_s = time.perf_counter() - start
+    print(f"loaded in {load_s:.2f} s", file=sys.stderr, flush=True)  # how far a crash got
     inputs = torch.load(payload["inputs"], map_location=device)
     reference = torch.load(payload["reference"], map_location=device)
     with torch.no_grad():
@@ -51,6 +52,7 @@ def load(payload: dict) -> dict:
         out = model(*inputs)
         _sync(torch)
         first_s = time.perf_counter() - start
+    print(f"first call in {first_s:.2f} s", file=sys.stderr, flush=True)
     out = out[0] if isinstance(out, (list, tuple)) else out
     got = out[:, ::payload["check_stride"]].float()
     want = reference["want"]

@@ -52,7 +52,8 @@ def test_each_build_gets_its_own_inductor_cache_and_the_runs_read_the_cases_file
     assert dict(plan[1].env)["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "scratch" / "cutedsl")
     assert dict(plan[2].env)["TORCHINDUCTOR_CACHE_DIR"] != dict(plan[1].env)[
         "TORCHINDUCTOR_CACHE_DIR"]
-    assert plan[3].argv[1] == aot_run.__file__  # by path: it imports torch alone
+    # by path: it imports torch alone; faulthandler: a crash leaves its Python stack
+    assert plan[3].argv[1:4] == ("-X", "faulthandler", aot_run.__file__)
     assert str(case.package("cutedsl")) in plan[3].argv[-1]
     assert '"rounds": 3' in plan[5].argv[-1] and '"check_stride": 64' in plan[3].argv[-1]
 

@@ -42,6 +42,7 @@ LOAD_WITHOUT_CUTE_DSL = textwrap.dedent("""
     start = time.perf_counter()
     model = torch._inductor.aoti_load_package(package)
     loaded = time.perf_counter() - start
+    print(f"loaded in {loaded:.2f} s", file=sys.stderr, flush=True)
     calls = torch.load(inputs)  # each call's arguments
     with torch.no_grad():
         torch.save([model(*args) for args in calls], outputs)
@@ -71,7 +72,9 @@ def loaded_without_cute_dsl(package, calls, tmp_path):
     assert {"libcute_dsl_runtime.so.cutedsl", "libtvm_ffi.so.cutedsl"} <= set(names)
     inputs = tmp_path / "inputs_cuda.pt"
     torch.save(calls, inputs)
-    run = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_CUTE_DSL, package, str(inputs),
+    # faulthandler: a child that dies of a signal shows its Python stack
+    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", LOAD_WITHOUT_CUTE_DSL,
+                          package, str(inputs),
                           str(tmp_path / "out.pt")], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
