@@ -21,6 +21,9 @@
 #                                             lever off and on: the backward's fused dQ, the
 #                                             forward's ping-pong; ATTENTION_ARGS as above,
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
+#                                             attention_profile (the backward on causal, two
+#                                             kernels and fused dQ, each variant's kernels
+#                                             under torch.profiler: bench attention --profile)
 #                                             model (benchmarks/model_gpu.sh: Llama prefill
 #                                             and real decode, twice, the runs compared)
 #                                             checks (the GPU tests of attention, SDPA, real
@@ -148,6 +151,13 @@ for s in $steps; do
             --out "$OUT/${lever%:*}_$on" > "$OUT/${lever%:*}_$on.log" 2>&1 || status=1
           echo "=== ${lever%:*}=$on"; tail -n "${TAIL:-12}" "$OUT/${lever%:*}_$on.log"
         done
+      done ;;
+    attention_profile)
+      for on in 0 1; do
+        CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ=$on step "attention_profile_$on" python3 -m \
+          cutedsl_inductor bench attention --quick --masks causal --directions bwd \
+          --variants "${LEVER_VARIANTS:-ours,triton,flash}" --profile 5 \
+          --out "$OUT/attention_profile_$on"
       done ;;
     sdpa) step sdpa gpu_tests tests/gpu/test_sdpa.py tests/bench/test_attention.py -k sdpa ;;
     bench_sdpa) step bench_sdpa python3 -m cutedsl_inductor bench attention --quick \

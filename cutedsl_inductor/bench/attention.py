@@ -27,7 +27,10 @@ the median of ``--steps`` CUDA-event-timed ones); the median round counts, ours'
 keep their range over the rounds. FLOPs: 4 B H S^2 D times the mask's density, the
 fraction of (q, kv) pairs kept, counted exactly element by element (``density``; the work
 a kernel spends on dropped pairs of partial blocks is not counted); backward 2.5 times
-that (FlashAttention's convention: five matmuls to the forward's two).
+that (FlashAttention's convention: five matmuls to the forward's two). ``--profile N``:
+after the rounds, N calls of each variant under torch.profiler; the kernels each call
+launches (memsets too: a zeroed workspace is part of the call), ms and launches per call,
+printed under the row and written to attention_profile.csv.
 
 Invariants: each variant's result (fwd: out; bwd: dq, dk, dv) is checked against
 ``triton``'s -- ``max_diff`` the largest absolute difference, ``ok`` finite and within
@@ -78,7 +81,9 @@ from .attention_report import (
     summary,
     write_csv,
     write_plot,
+    write_profile,
 )
+from .kernel_profile import kernel_events, per_call
 from .timing import median_call_ms, tflops_and_ratios
 
 SHAPES = [(8, 16, 2048), (4, 32, 8192), (1, 32, 32768)]
@@ -91,6 +96,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FLASH = "flash"  # flex's BACKEND="FLASH" (flash-attn 4)
 VARIANTS = ("ours", "triton", "triton-tuned", FLASH, "sdpa-flash", "sdpa-cudnn", CHOICE)
 DIRECTIONS = ("fwd", "bwd")
+PROFILE_LINES = 6  # a profiled row's kernels printed under it
 BACKWARD_FLOPS = 2.5  # times the forward's
 OURS = "cutedsl_sm90_flex_attention"  # our forward's kernel names in the output code
 REASON_CHARS = 400
@@ -278,9 +284,10 @@ def _row(case: Case, direction: str, name: str, kept: float, error: str) -> dict
 
 
 def measure(case: Case, direction: str, names: list[str], attends: dict[str, Callable],
-            inputs: list[torch.Tensor], kept: float, steps: int, warmup: int, rounds: int
-            ) -> list[dict[str, Any]]:
-    """The rows of one case in one direction, a row per variant in ``names``."""
+            inputs: list[torch.Tensor], kept: float, steps: int, warmup: int, rounds: int,
+            profile: int = 0) -> list[dict[str, Any]]:
+    """The rows of one case in one direction, a row per variant in ``names``; with
+    ``profile`` calls under torch.profiler after the rounds, each row's ``kernels``."""
     calls, results, kernels, errors = {}, {}, {}, {}
     for name in names:
         try:
@@ -298,6 +305,8 @@ def measure(case: Case, direction: str, names: list[str], attends: dict[str, Cal
                 except Exception as err:
                     errors[name] = reason(err)
                     del calls[name], times[name]
+    profiled = {name: per_call(kernel_events(call, profile, memsets=True), profile)
+                for name, call in calls.items()} if profile else {}
     refs = tuple(ref for ref in REFS if ref in times)
     rates = {subject: tflops_and_ratios(times, flops(case, kept, direction),
                                         refs if subject in times else (), subject)
@@ -312,6 +321,8 @@ def measure(case: Case, direction: str, names: list[str], attends: dict[str, Cal
             if name in rates:
                 row.update({key: value for key, value in rates[name].items()
                             if key.startswith("vs_")})
+            if name in profiled:
+                row["kernels"] = profiled[name]
         rows.append(row)
     return rows
 
@@ -336,7 +347,7 @@ def _case_rows(case: Case, args: argparse.Namespace, device: str) -> list[dict[s
     attends = {name: attention(name, score_mod, block_mask) for name in names}
     return [row for direction in args.directions
             for row in measure(case, direction, names, attends, inputs, kept, args.steps,
-                               args.warmup, args.rounds)]
+                               args.warmup, args.rounds, args.profile)]
 
 
 def measure_case(case: Case, args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
@@ -372,7 +383,11 @@ def run(args: argparse.Namespace, device: str = "cuda") -> list[dict[str, Any]]:
         for row in measure_case(case, args, device):
             rows.append(row)
             print(line(row), flush=True)
+            for kernel in row.get("kernels", [])[:PROFILE_LINES]:
+                print(f"    {kernel.ms:9.3f} ms {kernel.launches:4.1f}x  {kernel.name[:100]}")
         write_csv(rows, args.out / "attention_bench.csv")
+        if args.profile:
+            write_profile(rows, args.out / "attention_profile.csv")
     return rows
 
 
@@ -400,6 +415,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=parse_count, default=3, help="untimed calls per round")
     p.add_argument("--rounds", type=parse_rounds, default=3,
                    help="interleaved rounds per case (their median counts)")
+    p.add_argument("--profile", type=parse_count, default=0, metavar="N",
+                   help="also run N calls of each variant under torch.profiler: its kernels' "
+                        "ms and launches per call (printed, and attention_profile.csv)")
     p.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="K/N",
                    help="run every N-th case starting at the K-th (one run per GPU)")
     p.add_argument("--out", type=output_folder, default=Path("bench-out"),

@@ -87,9 +87,21 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, restval="")
+        writer = csv.DictWriter(f, fieldnames=FIELDS, restval="", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def write_profile(rows: list[dict[str, Any]], path: Path) -> None:
+    """The profiled rows' kernels (``kernel_profile.KernelTime``), a line each."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CASE_FIELDS + ["direction", "variant", "kernel_name", "ms",
+                                       "launches"])
+        for row in rows:
+            for kernel in row.get("kernels", []):
+                writer.writerow([row[key] for key in CASE_FIELDS + ["direction", "variant"]]
+                                + [kernel.name, kernel.ms, kernel.launches])
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -16,10 +16,10 @@ read below zero there.
 
 from __future__ import annotations
 
-import collections
 import logging
 from typing import Any
 
+from .kernel_profile import KernelTime, kernel_events, per_call
 from .model_report import label
 from .model_workloads import Runner
 
@@ -47,41 +47,32 @@ def category(kernel: str) -> str:
 
 
 def gpu_breakdown(kernels: list[tuple[str, float]], steps: int, step_ms: float
-                  ) -> tuple[dict[str, Any], list[tuple[str, float, float]]]:
+                  ) -> tuple[dict[str, Any], list[KernelTime]]:
     """The row's figures from ``(kernel name, µs)`` of ``steps`` profiled steps, and the
-    top ten kernels as (name, ms per step, launches per step)."""
+    top ten kernels, per step."""
     per_category = dict.fromkeys(CATEGORIES, 0.0)
-    per_kernel: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for name, us in kernels:
         per_category[category(name)] += us / 1000 / steps
-        per_kernel[name][0] += us / 1000 / steps
-        per_kernel[name][1] += 1
     total = sum(per_category.values())
     row: dict[str, Any] = {f"gpu_{c}_ms": ms for c, ms in per_category.items()}
     row.update(gpu_kernels_ms=total, gpu_idle_ms=step_ms - total,
                gpu_launches=len(kernels) / steps)
-    top = sorted(per_kernel.items(), key=lambda item: -item[1][0])[:10]
-    return row, [(name, ms, count / steps) for name, (ms, count) in top]
+    return row, per_call(kernels, steps)[:10]
 
 
 def profile_units(runner: Runner, units: int, step_ms: float) -> dict[str, Any]:
     """Run ``units`` of ``runner``'s units under torch.profiler; their GPU breakdown per
     step."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    def unit() -> None:
+        runner.prepare()
+        for _ in range(runner.per_unit):
+            runner.run()
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(units):
-            runner.prepare()
-            for _ in range(runner.per_unit):
-                runner.run()
-        torch.cuda.synchronize()
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.startswith(("Memcpy", "Memset"))]
+    kernels = kernel_events(unit, units)
     row, top = gpu_breakdown(kernels, units * runner.per_unit, step_ms)
-    for name, ms, count in top:
-        log.warning("profile: %8.4f ms/step %5.1f launches/step %s", ms, count, name[:160])
+    for kernel in top:
+        log.warning("profile: %8.4f ms/step %5.1f launches/step %s", kernel.ms,
+                    kernel.launches, kernel.name[:160])
     return row
 
 

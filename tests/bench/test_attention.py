@@ -202,6 +202,19 @@ def test_a_tiny_run_on_the_cpu_measures_what_runs_and_says_why_the_rest_cannot(
     assert (tmp_path / "merged" / "attention_bench.csv").exists()
 
 
+def test_profiled_rows_list_their_kernels_and_the_profile_csv_has_a_line_each(tmp_path):
+    """On the CPU the profiler records no CUDA kernel: each row's list is empty."""
+    args = parse("--shapes", "1x2x128", "--head-dims", "64", "--masks", "causal",
+                 "--variants", "triton", "--directions", "fwd", "--steps", "1",
+                 "--warmup", "1", "--rounds", "1", "--profile", "2", "--out", str(tmp_path))
+    (row,) = attention.run(args, device="cpu")
+    assert row["ok"] and row["kernels"] == []
+    lines = (tmp_path / "attention_profile.csv").read_text().splitlines()
+    assert lines == ["batch,heads,seq,head_dim,mask,dtype,direction,variant,kernel_name,"
+                     "ms,launches"]
+    assert len(read_rows(tmp_path)) == 1  # the bench CSV keeps its columns
+
+
 @pytest.mark.skipif(attention.flash_installed(), reason="flash-attn 4 is installed here")
 def test_without_flash_attn_4_the_flash_variant_is_a_row_naming_the_wheel(tmp_path):
     assert "flash" not in parse().variants  # not asked for by default where it cannot run
@@ -237,11 +250,14 @@ def test_a_tiny_run_of_the_sdpa_choice_set_on_the_gpu(tmp_path):
 def test_a_tiny_run_of_ours_on_the_gpu(tmp_path):
     args = parse("--shapes", "1x4x1024", "--head-dims", "64", "--masks", "causal,alibi",
                  "--variants", "ours,triton,sdpa-flash", "--steps", "3", "--rounds", "2",
-                 "--out", str(tmp_path))
+                 "--profile", "2", "--out", str(tmp_path))
     rows = attention.run(args)
     assert all(r["ok"] for r in rows), [r["error"] for r in rows]
     ours = [r for r in rows if r["variant"] == "ours"]
     assert [r["kernel"] for r in ours if r["direction"] == "fwd"] == ["cutedsl", "cutedsl"]
+    for row in ours:  # CuTe DSL names every kernel kernel_cutlass_...
+        (kernel,) = [k for k in row["kernels"] if k.name.startswith("kernel_cutlass_")][:1]
+        assert kernel.launches == 1.0 and 0 < kernel.ms <= row["ms"] * 1.5
     assert all(r["vs_triton"] > 0 for r in ours)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cutedsl_inductor.bench.model import jobs_of, settle
+from cutedsl_inductor.bench.kernel_profile import KernelTime
 from cutedsl_inductor.bench.model_profile import CATEGORIES, category, gpu_breakdown
 from cutedsl_inductor.cli import parser
 from tests.compile.cache.test_disk_cache import add_choice
@@ -48,7 +49,7 @@ def test_the_breakdown_is_per_step_and_idle_is_what_no_kernel_covers():
     assert row["gpu_idle_ms"] == pytest.approx(0.15)
     assert row["gpu_launches"] == 2
     assert all(f"gpu_{c}_ms" in row for c in CATEGORIES)
-    assert top[0] == ("kernel_cutlass_kernel_gemm", pytest.approx(0.3), 1.0)
+    assert top[0] == KernelTime("kernel_cutlass_kernel_gemm", pytest.approx(0.3), 1.0)
 
 
 def test_profile_units_reach_every_job():
