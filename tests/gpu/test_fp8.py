@@ -11,6 +11,7 @@ import torch
 
 from cutedsl_inductor import config
 from cutedsl_inductor.bench.gemm_fp8 import quantize, reference
+from tests.gpu.test_gemm import assert_no_element_off
 
 pytestmark = pytest.mark.gpu
 
@@ -21,8 +22,28 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def relative_error(out, ref):
+    """The relative Frobenius error, once no value is NaN and none is far off: a few
+    wrong elements (a lost split-K partial, a race) hide in a norm over thousands."""
+    assert not torch.isnan(out).any(), "NaN in the output"
+    assert_no_element_off(out, ref)
+    return norm_error(out, ref)
+
+
+def norm_error(out, ref):
+    """The relative Frobenius error alone (NaN-free), where single values may differ by a
+    step of an FP8 cast the two sides round apart."""
     assert not torch.isnan(out).any(), "NaN in the output"
     return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def assert_no_element_off(out, ref):
+    """Each value within 2^-6 of its own magnitude plus 2^-8 of the largest (rounding
+    and accumulation order stay far inside; a lost partial sum does not)."""
+    error = (out.double() - ref).abs()
+    off = (error > 2.0**-6 * ref.abs() + 2.0**-8 * ref.abs().max()).nonzero()
+    assert len(off) == 0, f"{len(off)} of {out.numel()} values off, the first at " + ", ".join(
+        f"{tuple(i)}: {out[tuple(i)].item():g} for {ref[tuple(i)].item():g}"
+        for i in off[:4].tolist())
 
 
 def fp8_inputs(m, n, k, recipe, a_dtype=E4M3, b_dtype=E4M3, bias_dtype=None):
@@ -226,7 +247,8 @@ def test_a_float8_linear_stack_quantizes_the_next_input_in_our_epilogue(m):
     result, code = compiled_code("CUTEDSL", stack, *args, max_configs=2)
     assert code.count(".run(") == 2 and "@triton.jit" not in code
     expected = stack(*args).double()
-    assert relative_error(result, expected) < 5e-2  # the hidden values' one-step flips
+    # the hidden values' one-step flips move single outputs by a few percent: the norm alone
+    assert norm_error(result, expected) < 5e-2
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
@@ -252,7 +274,8 @@ def test_a_torchao_float8_linear_stack_calls_our_kernel(recipe):
         expected = eager(x)
         result, code = compiled_code("CUTEDSL", model(), x)
     assert "cutedsl_sm90_gemm" in code
-    assert relative_error(result, expected.double()) < 2e-2
+    # the norm alone: eager and Inductor quantize the hidden values with their own roundings
+    assert norm_error(result, expected.double()) < 2e-2
 
     # the gradients against the same step compiled with ATen's GEMMs alone: against eager,
     # Inductor's fusions round the activations that later scales and e5m2 casts read
@@ -263,4 +286,4 @@ def test_a_torchao_float8_linear_stack_calls_our_kernel(recipe):
         compiled_code(backends, lambda t: trained[backends](t).float().square().mean()
                       .backward(), x)
     for ours, ref in zip(trained["ATEN,CUTEDSL"].parameters(), trained["ATEN"].parameters()):
-        assert relative_error(ours.grad, ref.grad.double()) < 5e-2
+        assert norm_error(ours.grad, ref.grad.double()) < 5e-2
