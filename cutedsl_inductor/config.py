@@ -143,6 +143,12 @@ fp8: bool = _knob(
     "offer our FP8 GEMM (e4m3/e5m2, tensorwise or rowwise scales, fast accumulation) in "
     "`torch._scaled_mm`'s lowering next to ATen and Triton (`inductor/scaled_mm.py`; off "
     "until timed on the GPU)", changes_code=True, steers=Reach.GEMM)
+fp8_swiglu: bool = _knob(
+    "fp8_swiglu", "CUTEDSL_INDUCTOR_FP8_SWIGLU", False, Boolean(),
+    "with `epilogue_fusion`, rewrite SwiGLU's two FP8 GEMMs (`silu(_scaled_mm(x, w1)) * "
+    "_scaled_mm(x, w3)`, x quantized once or twice alike; fast accumulation) into one "
+    "two-weight FP8 GEMM (`inductor/scaled_swiglu.py`; off until timed on the GPU)",
+    changes_code=True, steers=Reach.GEMM)
 epilogue_fusion: bool = _knob(
     "epilogue_fusion", "CUTEDSL_INDUCTOR_EPILOGUE_FUSION", True, Boolean(),
     "fuse pointwise consumers into templates with `def_epilogue`, and SwiGLU's two GEMMs "

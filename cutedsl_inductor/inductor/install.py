@@ -38,7 +38,7 @@ from .multi_template import install_distributed_schedule, install_pre_fusion_pas
 from .scaled_mm import install_scaled_mm
 from .scheduling import CuteDSLCombinedScheduling
 from .sdpa import install_sdpa
-from .swiglu import install_swiglu
+from .swiglu_pass import install_swiglu
 
 
 def install() -> None:

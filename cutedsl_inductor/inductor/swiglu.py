@@ -1,10 +1,8 @@
 """SwiGLU as one GEMM: ``silu(x @ w_gate) * (x @ w_up)`` in a single kernel.
 
 Fusing the multiply into the second GEMM's epilogue still writes ``silu(x @ w_gate)``
-to memory and reads it back, and runs two kernels. ``SwiGLUPass``, the CUDA backend's
-post-grad pass (Inductor's ``custom_backend_passes["cuda"]``, run on graphs with a CUDA
-tensor; installed by ``install()``, keyed by ``cache_key.fingerprint``), replaces
-the pattern with the custom op ``cutedsl::swiglu_mm(x, w_gate, w_up)``, whose lowering
+to memory and reads it back, and runs two kernels. ``SwiGLUPass`` (``swiglu_pass.py``)
+replaces the pattern with the custom op ``cutedsl::swiglu_mm(x, w_gate, w_up)``, whose lowering
 autotunes the GEMM template's two-weight configs (``swiglu_choices``) against an ATen
 fallback (two cuBLAS GEMMs and in-place silu and multiply, ``cutedsl_swiglu_mm_aten``).
 The fallback stands in for Inductor's own lowering of the pattern, which costs less
@@ -16,17 +14,6 @@ again in interleaved rounds and the fastest taken (``autotune/retime.py``, which
 winner as a tuning decision, locally and remotely, so that a warm machine does not time
 it again): the two-weight configs of one shape are often within a few percent, the noise
 of one timing pass.
-
-The pattern, as AOT autograd leaves it: ``mul(convert(silu(convert(mm(x, w_gate)))),
-mm(x, w_up))`` with silu decomposed (``c / (1 + exp(-c))`` or ``c * sigmoid(c)``), the
-conversions optional, either factor first, each mm possibly behind reshapes (a 3-D
-``x`` flattened, once per mm). It is rewritten only where it is safe and can pay:
-
-* ``config.epilogue_fusion`` is on and CUTEDSL is a max-autotune GEMM backend;
-* x and the weights are 2-D bf16/fp16 CUDA tensors of one dtype and the target is
-  sm_90, and both mms read the same x (the same node or equal reshapes of one node);
-* every intermediate is used by the pattern alone (a value that autograd saves, or any
-  other consumer, keeps the graph as it was).
 
 Failure semantics: the lowering offers the template's choices only where the problem
 suits the kernel; where none is offered, or none beats the ATen fallback, it lowers the
@@ -41,20 +28,16 @@ import math
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor.select_algorithm import ExternKernelChoice
 
 from .. import config
 from ..autotune.retime import choice_calls, fastest_in_rounds, recording_timings
 from ..autotune.select import autotune_select_algorithm
-from ..compile.compiler import target_arch
 from ..template.caller import CuteDSLTemplateCaller
-from .cache_key import cutedsl_gemm_enabled, fingerprint
 
 log = logging.getLogger(__name__)
 
 aten, prims = torch.ops.aten, torch.ops.prims
-_VIEWS = (aten.reshape.default, aten.view.default)
 
 
 @torch.library.custom_op("cutedsl::swiglu_mm", mutates_args=())
@@ -93,17 +76,30 @@ def lower_swiglu_mm(x: Any, w_gate: Any, w_up: Any) -> Any:
                             [x.get_size()[0], w_gate.get_size()[1]])
     choices: list[Any] = []
     swiglu_choices(choices, [x, w_gate, w_up], layout)
+    return select_or_decompose("cutedsl_swiglu_mm", choices, swiglu_mm_aten,
+                               [x, w_gate, w_up], layout,
+                               lambda: _lower_decomposed(x, w_gate, w_up))
+
+
+def select_or_decompose(name: str, choices: list[Any], fallback: Any, nodes: list[Any],
+                        layout: Any, decomposed: Any) -> Any:
+    """Our ``choices`` timed against the ATen ``fallback`` (an ``ExternKernelChoice`` on
+    ``nodes``): the winner's node (retimed in rounds, ``retimed_winner``), or
+    ``decomposed()`` -- the pattern as Inductor lowers it -- where there is no choice of
+    ours or the fallback wins."""
+    from torch._inductor import ir
+
     if not choices:
-        return _lower_decomposed(x, w_gate, w_up)
-    choices.insert(0, swiglu_mm_aten.bind([x, w_gate, w_up], layout))
+        return decomposed()
+    choices.insert(0, fallback.bind(nodes, layout))
     # Chosen now, not deferred to the scheduler, so that a fallback win can be re-lowered.
     with recording_timings() as record:
-        node = autotune_select_algorithm("cutedsl_swiglu_mm", choices, [x, w_gate, w_up],
-                                         layout, return_multi_template=False)
+        node = autotune_select_algorithm(name, choices, nodes, layout,
+                                         return_multi_template=False)
     if isinstance(getattr(node.data, "data", None), ir.ExternKernel):
         # Unused, the fallback's node is dropped by the scheduler's dead-code elimination.
-        log.debug("SwiGLU: the ATen fallback won; lowering the pattern as Inductor would")
-        return _lower_decomposed(x, w_gate, w_up)
+        log.debug("%s: the ATen fallback won; lowering the pattern as Inductor would", name)
+        return decomposed()
     retimed = retimed_winner(record.timings)
     # Unused, the first winner's node is dropped like the fallback's.
     return retimed.output_node() if retimed is not None else node
@@ -136,135 +132,16 @@ def _lower_decomposed(x: Any, w_gate: Any, w_up: Any) -> Any:
     """The pattern as it was, through Inductor's lowerings (its mm autotuning included)."""
     from torch._inductor.lowering import lowerings as L
 
-    gate = L[prims.convert_element_type.default](L[aten.mm.default](x, w_gate), torch.float32)
+    return silu_times(L[aten.mm.default](x, w_gate), L[aten.mm.default](x, w_up))
+
+
+def silu_times(gate: Any, up: Any) -> Any:
+    """``silu(gate) * up`` through Inductor's lowerings, silu in fp32 and cast back to
+    ``gate``'s dtype, as AOT autograd decomposes it."""
+    from torch._inductor.lowering import lowerings as L
+
+    dtype = gate.get_dtype()
+    gate = L[prims.convert_element_type.default](gate, torch.float32)
     one_plus = L[aten.add.Tensor](L[aten.exp.default](L[aten.neg.default](gate)), 1)
-    silu = L[prims.convert_element_type.default](L[aten.div.Tensor](gate, one_plus),
-                                                 x.get_dtype())
-    return L[aten.mul.Tensor](silu, L[aten.mm.default](x, w_up))
-
-
-# ------------------------------------------------------------------ graph rewrite
-def _strip(node: Any, targets: tuple[Any, ...], matched: list[Any]) -> Any:
-    """Follow ``node`` through calls of ``targets`` (recorded in ``matched``)."""
-    while isinstance(node, torch.fx.Node) and node.target in targets:
-        matched.append(node)
-        node = node.args[0]
-    return node
-
-
-def _call(node: Any, target: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.target == target
-
-
-def _silu_input(node: Any, matched: list[Any]) -> Any:
-    """c where ``node`` is silu(c), decomposed or not (the nodes recorded), else None."""
-    if _call(node, aten.silu.default):
-        matched.append(node)
-        return node.args[0]
-    if _call(node, aten.mul.Tensor) and _call(node.args[1], aten.sigmoid.default):
-        c = node.args[0]
-        if node.args[1].args[0] is c:
-            matched += [node, node.args[1]]
-            return c
-    if _call(node, aten.div.Tensor) and _call(node.args[1], aten.add.Tensor):
-        c, add = node.args
-        exp = add.args[0]
-        if (add.args[1] == 1 and _call(exp, aten.exp.default)
-                and _call(exp.args[0], aten.neg.default) and exp.args[0].args[0] is c):
-            matched += [node, add, exp, exp.args[0]]
-            return c
-    return None
-
-
-def _same_input(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    return (isinstance(a, torch.fx.Node) and a.target in _VIEWS and b.target == a.target
-            and b.args[0] is a.args[0] and list(b.args[1]) == list(a.args[1]))
-
-
-def _match(mul: Any) -> tuple[Any, Any] | None:
-    """(the gate mm, the up mm) of a SwiGLU ``mul`` whose intermediates nothing else
-    uses, else None."""
-    for gate_side, up_side in ((mul.args[0], mul.args[1]), (mul.args[1], mul.args[0])):
-        matched = [mul]
-        up = _strip(up_side, _VIEWS, matched)
-        c = _silu_input(_strip(gate_side, (prims.convert_element_type.default,), matched),
-                        matched)
-        gate = _strip(_strip(c, (prims.convert_element_type.default,), matched), _VIEWS,
-                      matched)
-        if not (_call(gate, aten.mm.default) and _call(up, aten.mm.default)):
-            continue
-        matched += [gate, up]
-        if not _same_input(gate.args[0], up.args[0]):
-            continue
-        inside = set(matched)
-        if all(set(node.users) <= inside for node in matched if node is not mul):
-            return gate, up
-    return None
-
-
-def _suits(gate: Any, up: Any, out: Any) -> bool:
-    values = [gate.args[0].meta.get("val"), gate.args[1].meta.get("val"),
-              up.args[1].meta.get("val")]
-    if any(v is None for v in values) or out.meta.get("val") is None:
-        return False
-    dtype = values[0].dtype
-    return (target_arch().startswith("sm_90") and dtype in (torch.bfloat16, torch.float16)
-            and all(v.dtype == dtype and v.dim() == 2 and v.device.type == "cuda"
-                    for v in values) and out.meta["val"].dtype == dtype)
-
-
-def rewrite_swiglu(graph: torch.fx.Graph) -> int:
-    """Replace every suitable SwiGLU pattern in ``graph``; returns how many."""
-    rewritten = 0
-    for mul in [n for n in graph.nodes if _call(n, aten.mul.Tensor)]:
-        found = _match(mul)
-        if found is None or not _suits(*found, mul):
-            continue
-        gate, up = found
-        x, w_gate, w_up = gate.args[0], gate.args[1], up.args[1]
-        with graph.inserting_before(mul):
-            fused = graph.call_function(torch.ops.cutedsl.swiglu_mm.default, (x, w_gate, w_up))
-            fused.meta["val"] = torch.ops.cutedsl.swiglu_mm.default(
-                x.meta["val"], w_gate.meta["val"], w_up.meta["val"])
-            result = fused
-            # the mm's result reshaped as the up factor was (its sizes: nodes where dynamic)
-            up_factor = mul.args[1] if _strip(mul.args[1], _VIEWS, []) is up else mul.args[0]
-            if up_factor is not up:
-                result = graph.call_function(up_factor.target, (fused, *up_factor.args[1:]))
-                result.meta["val"] = mul.meta["val"]
-        mul.replace_all_uses_with(result)
-        rewritten += 1
-    if rewritten:
-        graph.eliminate_dead_code()
-        log.debug("SwiGLU: %d pattern(s) rewritten to cutedsl::swiglu_mm", rewritten)
-    return rewritten
-
-
-class SwiGLUPass(CustomGraphModulePass):
-    """``rewrite_swiglu`` where enabled, then the pass that was installed before ours."""
-
-    def __init__(self, previous: CustomGraphModulePass | None = None) -> None:
-        self.previous = previous
-
-    def __call__(self, gm: torch.fx.GraphModule) -> None:
-        if config.epilogue_fusion and cutedsl_gemm_enabled():
-            rewrite_swiglu(gm.graph)
-        if self.previous is not None:
-            self.previous(gm)
-
-    def uuid(self) -> Any:
-        return fingerprint("SwiGLUPass", self.previous.uuid() if self.previous else None)
-
-
-def install_swiglu() -> None:
-    """Install ``SwiGLUPass`` and the lowering of ``cutedsl::swiglu_mm`` (idempotent)."""
-    from torch._inductor.codegen import common
-    from torch._inductor.lowering import lowerings, register_lowering
-
-    current = common.custom_backend_passes.get("cuda")
-    if not isinstance(current, SwiGLUPass):
-        common.custom_backend_passes["cuda"] = SwiGLUPass(current)
-    if torch.ops.cutedsl.swiglu_mm.default not in lowerings:
-        register_lowering(torch.ops.cutedsl.swiglu_mm.default)(lower_swiglu_mm)
+    silu = L[prims.convert_element_type.default](L[aten.div.Tensor](gate, one_plus), dtype)
+    return L[aten.mul.Tensor](silu, up)

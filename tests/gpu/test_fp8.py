@@ -4,7 +4,9 @@ operands (tensorwise and rowwise scales, bias, bf16 and fp32 output, e4m3/e5m2 m
 odd multiples of 16, swap-AB and split-K at small M), each into a NaN-poisoned output;
 torch.compile end to end (dynamic M too); fused epilogues (relu, a residual, the cast to
 bf16; the next layer's static float8 quantization, an e4m3 output); a torchao float8
-Linear stack whose output code calls our kernel."""
+Linear stack whose output code calls our kernel; the FP8 SwiGLU (``config.fp8_swiglu``):
+its choices against the fp32 SwiGLU of the dequantized operands, and torchao float8
+SwiGLU MLPs whose output code calls it."""
 
 import pytest
 import torch
@@ -114,7 +116,7 @@ def test_every_offered_config_matches_at_a_few_shapes():
                 assert relative_error(out, ref) < TOLERANCE[torch.bfloat16], description
 
 
-def compiled_code(backends, fn, *args, dynamic_dim=None, max_configs=3):
+def compiled_code(backends, fn, *args, dynamic_dim=None, max_configs=3, **knobs):
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -122,7 +124,7 @@ def compiled_code(backends, fn, *args, dynamic_dim=None, max_configs=3):
         torch._dynamo.maybe_mark_dynamic(args[0], dynamic_dim)
     with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends=backends,
                                       fx_graph_cache=False), \
-            config.patch(fp8=True, gemm_max_configs=max_configs):
+            config.patch(fp8=True, gemm_max_configs=max_configs, **knobs):
         result, codes = run_and_get_code(torch.compile(fn), *args)
     return result, "\n".join(codes)
 
@@ -287,3 +289,99 @@ def test_a_torchao_float8_linear_stack_calls_our_kernel(recipe):
                       .backward(), x)
     for ours, ref in zip(trained["ATEN,CUTEDSL"].parameters(), trained["ATEN"].parameters()):
         assert norm_error(ours.grad, ref.grad.double()) < 5e-2
+
+
+def swiglu_inputs(m, n, k, recipe):
+    """(x, w_gate, w_up, scale_x, scale_gate, scale_up) as ``cutedsl::scaled_swiglu_mm``
+    takes them: the weights (K, N) column-major views of (N, K) ones."""
+    x, scale_x = quantize(torch.randn(m, k, device="cuda"), recipe)
+    weights = [quantize(torch.randn(n, k, device="cuda"), recipe) for _ in range(2)]
+    return [x, *(w.t() for w, _ in weights), scale_x, *(s.t() for _, s in weights)]
+
+
+def swiglu_reference(x, w_gate, w_up, scale_x, scale_gate, scale_up):
+    """The fp32 SwiGLU of the dequantized operands."""
+    xd = x.float() * scale_x
+    gate, up = (xd @ (w.float() * s) for w, s in ((w_gate, scale_gate), (w_up, scale_up)))
+    return torch.nn.functional.silu(gate) * up
+
+
+def swiglu_choice_outputs(inputs, configs):
+    """The first ``configs`` FP8 SwiGLU choices run directly, each into a NaN-poisoned
+    bf16 output."""
+    from torch._inductor import ir
+
+    from cutedsl_inductor.autotune.scratch import scratch_graph
+    from cutedsl_inductor.kernels.gemm.scaled_choices import scaled_swiglu_choices
+
+    m, n = inputs[0].shape[0], inputs[1].shape[1]
+    with scratch_graph() as scratch:
+        nodes = [scratch.input(t.shape, t.dtype, t.stride()) for t in inputs]
+        layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [m, n])
+        choices = []
+        reason = scaled_swiglu_choices(choices, nodes, layout)
+    assert reason is None and choices, reason
+    for choice in choices[:configs]:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        choice.load().run(*inputs, out)
+        torch.cuda.synchronize()
+        yield choice.description, out
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (16, 1040, 2064), (1008, 1040, 208),
+                                   (2000, 3056, 4096), (4096, 14336, 4096)])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_swiglu_choices_match_the_dequantized_fp32_swiglu(m, n, k, recipe):
+    inputs = swiglu_inputs(m, n, k, recipe)
+    ref = swiglu_reference(*inputs).double()
+    for description, out in swiglu_choice_outputs(inputs, configs=4):
+        assert relative_error(out, ref) < TOLERANCE[torch.bfloat16], description
+
+
+def test_the_fp8_swiglu_ops_aten_form_matches_too():
+    from cutedsl_inductor.inductor.scaled_swiglu import scaled_swiglu_mm
+
+    inputs = swiglu_inputs(1000, 2048, 1024, "rowwise")
+    out = scaled_swiglu_mm(*inputs, torch.bfloat16)
+    assert relative_error(out, swiglu_reference(*inputs).double()) < 2e-2
+
+
+@pytest.mark.parametrize("recipe", ["inference-rowwise", "inference-tensorwise",
+                                    "training-rowwise", "training-tensorwise"])
+def test_a_torchao_float8_swiglu_mlp_calls_our_fp8_swiglu_kernel(recipe):
+    """A float8 SwiGLU MLP (torchao's inference config, or a training recipe's no-grad
+    forward) compiled with ``config.fp8_swiglu``: x's two quantizations are one, the
+    SwiGLU one kernel of ours (only ours autotuned), matching eager float8."""
+    float8 = pytest.importorskip("torchao.float8")
+    quantization = pytest.importorskip("torchao.quantization")
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w3, self.w2 = (torch.nn.Linear(i, o, bias=False)
+                                         for i, o in ((1024, 2048), (1024, 2048), (2048, 1024)))
+
+        def forward(self, x):
+            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    torch.manual_seed(0)
+    mlp = MLP().to(device="cuda", dtype=torch.bfloat16)
+    kind, scaling = recipe.split("-")
+    if kind == "training":
+        float8.convert_to_float8_training(
+            mlp, config=float8.Float8LinearConfig.from_recipe_name(scaling))
+    else:
+        granularity = (quantization.PerRow() if scaling == "rowwise"
+                       else quantization.PerTensor())
+        quantization.quantize_(mlp, quantization.Float8DynamicActivationFloat8WeightConfig(
+            granularity=granularity))
+    x = torch.randn(4, 128, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = mlp(x)
+        with torch._inductor.config.patch(
+                {"test_configs.autotune_choice_desc_regex": "sm90_gemm"}):
+            result, code = compiled_code("ATEN,CUTEDSL", mlp, x, fp8_swiglu=True)
+    assert code.count("'SCALE_UP':") == 1 and "'SWIGLU': 'b'" in code
+    # ours rounds silu(gate) * up once, eager each factor to bf16 first: w2's e4m3 input
+    # may differ by one step in a few values: the norm alone
+    assert norm_error(result, expected.double()) < 5e-2

@@ -195,7 +195,7 @@ def test_our_passes_are_installed_and_keyed(gemm_listed):
     from torch._inductor.codegen import common
 
     from cutedsl_inductor.inductor.multi_template import PreFusionPass
-    from cutedsl_inductor.inductor.swiglu import SwiGLUPass
+    from cutedsl_inductor.inductor.swiglu_pass import SwiGLUPass
 
     cutedsl_inductor.install()
     assert isinstance(inductor_config._pre_fusion_custom_pass, PreFusionPass)

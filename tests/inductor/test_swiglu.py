@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from cutedsl_inductor import config
-from cutedsl_inductor.inductor.swiglu import rewrite_swiglu
+from cutedsl_inductor.inductor.swiglu_pass import rewrite_swiglu
 from tests.helpers import (
     kernel_definitions,
     load_kernels,

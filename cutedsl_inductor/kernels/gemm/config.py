@@ -104,8 +104,8 @@ class GemmConfig:
         converted to B's dtype for WGMMAs that read A from registers
         (``transform_a.py``); not with ``swiglu``, ``swap_ab`` or split-K.
     :param fp8: the operands are FP8 (one byte each, K-major: ``scaled.py``'s
-        ``Sm90ScaledGemm``); the shared-memory check counts one-byte operands. Not with
-        ``swiglu`` or ``transform_a``.
+        ``Sm90ScaledGemm``, SwiGLU's two weights too); the shared-memory check counts
+        one-byte operands. Not with ``transform_a``.
     :param pdl: launched with programmatic dependent launch: the grid may start while the
         previous kernel on the stream ends, its setup (barriers, descriptor prefetch)
         overlapping that kernel's tail; it waits for that kernel (``griddepcontrol.wait``)
@@ -143,8 +143,7 @@ class GemmConfig:
         _require(not (self.transform_a and (self.swiglu or self.swap_ab or self.split_k > 1)),
                  "transform_a=True needs swiglu='', swap_ab=False and split_k=1 (it "
                  "transforms the activation, which is A there)")
-        _require(not (self.fp8 and (self.swiglu or self.transform_a)),
-                 "fp8=True needs swiglu='' and transform_a=False")
+        _require(not (self.fp8 and self.transform_a), "fp8=True needs transform_a=False")
 
     def _check_kernel(self) -> None:
         _require(self.store in ("tma", "direct"), f"store={self.store!r} must be 'tma' or 'direct'")

@@ -4,9 +4,9 @@ the two store paths a consumer warpgroup runs per tile (``TmaStore``, ``DirectSt
 Epilogue unit u (``epi_unit`` accumulator values per thread: a TMA-store sub-tile of
 ``epi_tile`` or a direct-store chunk, the fragment's values ``[u * unit, (u + 1) *
 unit)``) belongs to split-K rank ``u % split_k``, so to every CTA without split-K. Per
-unit: an opaque copy of the accumulator values (``operands.value``) -> ``epilogue_op``
-on the copy -> cast -> store. The accumulator itself is never written outside the
-WGMMAs (see ``sm90_gemm``'s docstring). A store path object belongs to one ``Sm90Gemm``; its
+unit: an opaque copy of the accumulator values (``epilogue_values``: ``operands.value``)
+-> ``epilogue_op`` on the copy -> cast -> store. The accumulator itself is never written
+outside the WGMMAs (see ``sm90_gemm``'s docstring). A store path object belongs to one ``Sm90Gemm``; its
 ``setup``, while the kernel is traced, builds the consumer warpgroup's plumbing (values
 that do not change across tiles); every value that does is passed in and returned.
 """
@@ -95,6 +95,15 @@ class EpilogueHooks:
                 mn = coords[i]
                 values[i] = mT[min(mn[0], prob_m - 1), min(mn[1], prob_n - 1), l_idx]
         return values
+
+    @cute.jit
+    def epilogue_values(self, frag, acc, acc_up, start, released, prefetched):
+        """The values :meth:`epilogue_op` transforms: ``frag[v]`` = value ``start + v``
+        of the tile's result (``operands.value``: an opaque copy of the accumulator, or
+        SwiGLU's ``silu(gate) * up``; ``start`` compile-time); ``prefetched`` is the
+        sub-tile's (the scaled SwiGLU scales each accumulator with it first)."""
+        for v in cutlass.range_constexpr(cute.size(frag)):
+            frag[v] = self.operands.value(acc, acc_up, start + v, released)
 
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
@@ -280,9 +289,8 @@ class TmaStore:
                     cute.copy(self.s2r, self.tSR_sC[(None, None, None, buf)],
                               self.s2r.retile(tile_vals))
                     sub_inputs = self.gemm.epilogue_tile_input(sub_inputs, tile_vals)
-                for v in cutlass.range_constexpr(sub_size):
-                    sub_f32[v] = self.gemm.operands.value(self.tRS_acc, self.tRS_acc_up,
-                                                          s * sub_size + v, released)
+                self.gemm.epilogue_values(sub_f32, self.tRS_acc, self.tRS_acc_up,
+                                          s * sub_size, released, sub_inputs)
                 self.gemm.epilogue_op(sub_f32, sub_coords, l_t, prob_m, prob_n, mBias, alpha,
                                       beta, epi_args, sub_inputs)
                 self.sub_out.store(sub_f32.load().to(self.gemm.c_dtype))
@@ -349,14 +357,13 @@ class DirectStore:
         chunk, tC, unit, l_t = self.chunk, self.tC, self.gemm.epi_unit, tile[2]
         for s in cutlass.range_constexpr(cute.size(frags.acc) // unit):
             if s % self.gemm.split_k == self.split_rank:
-                for v in cutlass.range_constexpr(unit):
-                    chunk[v] = self.gemm.operands.value(frags.acc, frags.acc_up, s * unit + v,
-                                                        released)
                 chunk_coords = epi_slice(tile_coords, s, (unit,))
-                self.gemm.epilogue_op(
-                    chunk, chunk_coords, l_t, prob_m, prob_n, mBias, alpha, beta, epi_args,
-                    self.gemm.epilogue_prefetch(chunk_coords, l_t, prob_m, prob_n, mBias,
-                                                epi_args))
+                inputs = self.gemm.epilogue_prefetch(chunk_coords, l_t, prob_m, prob_n, mBias,
+                                                     epi_args)
+                self.gemm.epilogue_values(chunk, frags.acc, frags.acc_up, s * unit, released,
+                                          inputs)
+                self.gemm.epilogue_op(chunk, chunk_coords, l_t, prob_m, prob_n, mBias, alpha,
+                                      beta, epi_args, inputs)
                 for v in cutlass.range_constexpr(unit):
                     mn = chunk_coords[v]
                     if cute.elem_less(mn, (prob_m, prob_n)):

@@ -1,7 +1,8 @@
 """The GEMM's config space and the heuristic that ranks it for a problem.
 
 ``pick_configs(m, n, k, ...)`` ranks candidates by a cost model (waves x per-tile work /
-tile efficiency); ``swiglu_configs`` derives the two-weight kernel's from it, and
+tile efficiency); ``swiglu_configs`` derives the two-weight kernel's from it,
+``fp8_swiglu_configs`` the FP8 two-weight kernel's from that, and
 ``fp8_configs`` the FP8 kernel's (not yet measured: the 16-bit ranking, its K tiles
 twice as many elements). The
 candidate lists hold configs measured to win somewhere on the H200 (the figures:
@@ -18,7 +19,8 @@ from typing import Any, Optional
 from .config import GemmConfig, dtype_bytes
 
 __all__ = ["DEFAULT_CONFIGS", "EXTRA_CONFIGS", "SPLIT_K_BASE_CONFIGS", "SWAP_AB_MAX_M",
-           "fp8_configs", "pick_configs", "swap_ab_configs", "swiglu_configs"]
+           "fp8_configs", "fp8_swiglu_configs", "pick_configs", "swap_ab_configs",
+           "swiglu_configs"]
 
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 
@@ -263,6 +265,27 @@ def fp8_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
     for cfg in pick_configs(m, n, k, dtype, max_configs=None, l=l,
                             out_dtype=out_dtype or "bf16"):
         if cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
+            continue
+        cfg = cfg.replace(tile_k=_FP8_TILE_K, fp8=True)
+        if cfg not in out:
+            out.append(cfg)
+        if max_configs is not None and len(out) >= max_configs:
+            break
+    return out
+
+
+def fp8_swiglu_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
+                       max_configs: Optional[int] = 8, l: int = 1,
+                       out_dtype: Any = None) -> list[GemmConfig]:
+    """Ranked configs of the FP8 SwiGLU (``swiglu`` and ``fp8``) for an (m, n, k, l)
+    problem: :func:`swiglu_configs`'s order, each K tile ``_FP8_TILE_K`` elements (as
+    :func:`fp8_configs`), each config once. Tiles whose two accumulators together take
+    more than ``_FP8_MAX_ACC_REGS`` registers per thread are left out (the three scales'
+    values sit next to them). ``out_dtype`` defaults to bf16."""
+    out: list[GemmConfig] = []
+    for cfg in swiglu_configs(m, n, k, dtype, max_configs=None, l=l,
+                              out_dtype=out_dtype or "bf16"):
+        if 2 * cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
             continue
         cfg = cfg.replace(tile_k=_FP8_TILE_K, fp8=True)
         if cfg not in out:

@@ -307,12 +307,17 @@ class SwigluOperands(GemmOperands):
             cute.gemm(mma, frags.acc_up, frags.a[(None, None, kb, up_a)],
                       frags.b[(None, None, kb, up_b)], frags.acc_up)
 
-    def value(self, acc: Any, acc_up: Any, i: Any, released: Any) -> Any:
+    def value(self, acc: Any, acc_up: Any, i: Any, released: Any,
+              scales: Any = None) -> Any:
         """``silu(gate) * up`` (``g * 1 / (1 + exp(-g))`` with the hardware exp and
-        reciprocal, as Inductor's own kernels compute silu)."""
+        reciprocal, as Inductor's own kernels compute silu); with ``scales``, the (gate's,
+        up's) factors of FP8 operands, each accumulator scaled by its own first."""
         gate = opaque_copy(acc[i], released)
-        return (gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True))
-                * opaque_copy(acc_up[i], released))
+        if scales is not None:
+            gate = gate * scales[0]
+        silu = gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True))
+        up = opaque_copy(acc_up[i], released)
+        return silu * (up if scales is None else up * scales[1])
 
 
 def make_operands(gemm: Any, swiglu: str) -> GemmOperands:

@@ -26,7 +26,14 @@ load to the compiler), then ``acc * scale_a * scale_b`` and the default epilogue
 The scales travel as the first element of ``epi_args``, ``((scale_a, scale_b),
 rest)``: the hooks here take them out and hand ``rest`` on, so a subclass that fuses
 more (the template's) calls these hooks for the scaled value and reads its own inputs
-from ``epi_args[1]``. Swap-AB (C^T = B A^T) needs nothing here: the views are made in the
+from ``epi_args[1]``.
+
+SwiGLU (``swiglu``, ``silu(x @ w_gate) * (x @ w_up)`` with FP8 x and weights): three
+scales, ``(scale_x, scale_gate, scale_up)``, each a view in the kernel's (M, N) as
+above (x's along M, the weights' along N; swapped under swap-AB, the weights then being
+A). ``epilogue_values`` scales each accumulator value by ``scale_x`` and its own
+weight's scale before ``silu(gate) * up`` (``operands.SwigluOperands.value``), and
+``epilogue_op`` then applies no scale. Swap-AB (C^T = B A^T) needs nothing here: the views are made in the
 kernel's (M, N), the caller's swapped.
 """
 
@@ -53,18 +60,37 @@ class Sm90ScaledGemm(Sm90Gemm):
 
     @cute.jit
     def epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, epi_args):
-        """The scales' values at ``coords`` and the default prefetch (the bias)."""
-        scale_a, scale_b = epi_args[0]
-        return (self.gather_mn(scale_a, coords, l_idx, prob_m, prob_n),
-                self.gather_mn(scale_b, coords, l_idx, prob_m, prob_n),
+        """The scales' values at ``coords`` (A's, B's, and with SwiGLU the up weight's)
+        and the default prefetch (the bias)."""
+        scales = epi_args[0]
+        values = (self.gather_mn(scales[0], coords, l_idx, prob_m, prob_n),
+                  self.gather_mn(scales[1], coords, l_idx, prob_m, prob_n))
+        if cutlass.const_expr(len(scales) == 3):
+            values = (*values, self.gather_mn(scales[2], coords, l_idx, prob_m, prob_n))
+        return (values,
                 Sm90Gemm.epilogue_prefetch(self, coords, l_idx, prob_m, prob_n, mBias, None))
+
+    @cute.jit
+    def epilogue_values(self, frag, acc, acc_up, start, released, prefetched):
+        """SwiGLU: each accumulator scaled by the activation's scale and its own weight's
+        before ``silu(gate) * up``; a GEMM's values as they are (``epilogue_op`` scales)."""
+        if cutlass.const_expr(self.swiglu == ""):
+            Sm90Gemm.epilogue_values(self, frag, acc, acc_up, start, released, prefetched)
+        else:
+            x_scale, gate_scale, up_scale = prefetched[0]
+            for v in cutlass.range_constexpr(cute.size(frag)):
+                frag[v] = self.operands.value(
+                    acc, acc_up, start + v, released,
+                    (x_scale[v] * gate_scale[v], x_scale[v] * up_scale[v]))
 
     @cute.jit
     def epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta, epi_args,
                     prefetched):
-        """``acc * scale_a * scale_b``, then the default epilogue (``+ bias``)."""
-        scale_a, scale_b, bias = prefetched
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            acc[i] = acc[i] * (scale_a[i] * scale_b[i])
+        """``acc * scale_a * scale_b`` (SwiGLU's values come scaled), then the default
+        epilogue (``+ bias``)."""
+        scales, bias = prefetched
+        if cutlass.const_expr(self.swiglu == ""):
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                acc[i] = acc[i] * (scales[0][i] * scales[1][i])
         Sm90Gemm.epilogue_op(self, acc, coords, l_idx, prob_m, prob_n, mBias, alpha, beta,
                              None, bias)

@@ -20,6 +20,11 @@ scale's kind. It returns None, or why the problem gets no choice (also logged at
 
 Dynamic M: sizes and strides are symbolic as in every GEMM choice, a rowwise scale's M
 the output's.
+
+``scaled_swiglu_choices(choices, nodes, layout)`` appends the FP8 SwiGLU's
+(``fp8_swiglu_configs``; the lowering of ``cutedsl::scaled_swiglu_mm``,
+``inductor/scaled_swiglu.py``): x's scale and each weight's, every one tensorwise or
+rowwise on its own.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from typing import Any
 
 import torch
 
-from .heuristic import fp8_configs
+from .heuristic import fp8_configs, fp8_swiglu_configs
 from .template import append_choices, operand_problem, ranked_configs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["scaled_mm_choices", "scale_kind"]
+__all__ = ["scaled_mm_choices", "scaled_swiglu_choices", "scale_kind"]
 
 
 def _all_one(sizes: list[Any]) -> bool:
@@ -64,6 +69,15 @@ def scale_kind(node: Any, side: str, m: Any, n: Any) -> str | None:
     return None
 
 
+def _why_not_scales(scales: dict[str, tuple[Any, str]], m: Any, n: Any) -> str | None:
+    """Why a scale (name -> (node, side)) is of no kind the kernel takes, else None."""
+    for name, (node, side) in scales.items():
+        if scale_kind(node, side, m, n) is None:
+            return (f"{name} {node.get_dtype()}{list(node.get_size())} is neither an fp32 "
+                    "tensorwise scale nor a rowwise one")
+    return None
+
+
 def _why_not_scaled(nodes: list[Any], layout: Any, use_fast_accum: bool) -> str | None:
     """Why the scales, the bias or the accumulation rule out the kernel, else None."""
     from torch._inductor.virtualized import V
@@ -72,16 +86,13 @@ def _why_not_scaled(nodes: list[Any], layout: Any, use_fast_accum: bool) -> str 
         return ("use_fast_accum=False asks for periodic promotion into an fp32 "
                 "accumulator, which the kernel does not do")
     m, n = layout.size[-2], layout.size[-1]
-    for node, side in ((nodes[2], "a"), (nodes[3], "b")):
-        if scale_kind(node, side, m, n) is None:
-            return (f"scale_{side} {node.get_dtype()}{list(node.get_size())} is neither "
-                    "an fp32 tensorwise scale nor a rowwise one")
-    if len(nodes) > 4:
+    reason = _why_not_scales({"scale_a": (nodes[2], "a"), "scale_b": (nodes[3], "b")}, m, n)
+    if reason is None and len(nodes) > 4:
         bias = nodes[4]
         size = list(bias.get_size())
         if len(size) != 1 or not V.graph.sizevars.statically_known_equals(size[0], n):
             return f"bias of size {size} is not a vector of N={n} values"
-    return None
+    return reason
 
 
 def scaled_mm_choices(choices: list[Any], nodes: list[Any], layout: Any,
@@ -103,4 +114,30 @@ def scaled_mm_choices(choices: list[Any], nodes: list[Any], layout: Any,
     # the bias (if any) added as it is: beta 1
     append_choices(choices, nodes, layout, [problem], configs, has_bias=len(nodes) > 4,
                    alpha=1.0, beta=1.0, scales=scales)
+    return None
+
+
+def scaled_swiglu_choices(choices: list[Any], nodes: list[Any], layout: Any) -> str | None:
+    """Append the FP8 SwiGLU's choices (``silu(x @ w_gate) * (x @ w_up)``, each product
+    scaled as ``_scaled_mm`` scales it; ``nodes`` = [x, w_gate, w_up, scale_x,
+    scale_gate, scale_up], the weights (K, N) column-major); returns None, or why there
+    are none: the checks of ``scaled_mm_choices`` for x with either weight, and two
+    weights of one dtype."""
+    x, w_gate, w_up, scale_x, scale_gate, scale_up = nodes
+    m, n = layout.size[-2], layout.size[-1]
+    reason = _why_not_scales({"scale_x": (scale_x, "a"), "scale_gate": (scale_gate, "b"),
+                              "scale_up": (scale_up, "b")}, m, n)
+    if reason is None:
+        problem, reason = operand_problem(x, w_gate, layout, same_dtype=False)
+    if reason is None:
+        up_problem, reason = operand_problem(x, w_up, layout, same_dtype=False)
+    if reason is None and w_gate.get_dtype() != w_up.get_dtype():
+        reason = f"the weights differ in dtype ({w_gate.get_dtype()}, {w_up.get_dtype()})"
+    if reason is not None:
+        log.debug("no CuteDSL FP8 SwiGLU choice: %s", reason)
+        return reason
+    scales = tuple(scale_kind(node, side, m, n)
+                   for node, side in ((scale_x, "a"), (scale_gate, "b"), (scale_up, "b")))
+    configs = ranked_configs(fp8_swiglu_configs, problem, layout)
+    append_choices(choices, nodes, layout, [problem, up_problem], configs, scales=scales)
     return None

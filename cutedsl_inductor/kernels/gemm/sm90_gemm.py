@@ -24,8 +24,8 @@ Failure semantics: an invalid config raises ``ValueError`` (``GemmConfig``) at
 construction; unsupported dtypes or layouts found while tracing raise ``ValueError``
 before any MLIR is emitted. ``GemmProblem.why_not`` says up front whether a problem
 suits.
-Fusing: subclass and override ``epilogue_prefetch`` / ``epilogue_op`` /
-``epilogue_tile_input`` (``epilogue.EpilogueHooks``).
+Fusing: subclass and override ``epilogue_prefetch`` / ``epilogue_values`` /
+``epilogue_op`` / ``epilogue_tile_input`` (``epilogue.EpilogueHooks``).
 """
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads the smem struct's

@@ -14,13 +14,15 @@ import torch
 
 from ...compile.dtypes import cutlass_dtype
 from .config import FP8_DTYPES, GemmConfig, gemm_dtype
+from .scaled import Sm90ScaledGemm
 from .sm90_gemm import Sm90Gemm
 
 _OPERAND_PAIRS = ([(torch.bfloat16,) * 2, (torch.float16,) * 2]
                   + [(a, b) for a in FP8_DTYPES for b in FP8_DTYPES])
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, *FP8_DTYPES)
 
-__all__ = ["make_fake_gemm_args", "compile_sm90_gemm", "compile_scaled_gemm", "SCALE_KINDS"]
+__all__ = ["make_fake_gemm_args", "compile_sm90_gemm", "compile_scaled_gemm",
+           "compile_scaled_swiglu", "SCALE_KINDS"]
 
 # a scale's (M, N, L) strides: one value, one per row of C (A's rowwise scale), one per
 # column (B's)
@@ -106,8 +108,6 @@ def compile_scaled_gemm(config: Any, a_dtype: Any = "e4m3", b_dtype: Any = "e4m3
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
-    from .scaled import Sm90ScaledGemm
-
     config, max_active_clusters = _config(config, max_active_clusters)
     gemm = Sm90ScaledGemm(config, max_active_clusters=max_active_clusters)
     a, b, c, _ = make_fake_gemm_args(a_dtype, out_dtype, a_major, b_major, store=config.store,
@@ -120,6 +120,40 @@ def compile_scaled_gemm(config: Any, a_dtype: Any = "e4m3", b_dtype: Any = "e4m3
                                 SCALE_KINDS["col"], assumed_align=16)
     return cute.compile(gemm, a, b, c, *scales, bias,
                         make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi {options}".strip())
+
+
+class ScaledSwiglu(Sm90ScaledGemm):
+    """The FP8 SwiGLU's entry, as the template calls ``launch``: three scales."""
+
+    @cute.jit
+    def __call__(self, mA, mB, m_up, mC, mScaleX, mScaleGate, mScaleUp, stream):
+        self.launch(mA, mB, mC, None, 1, 1, stream,
+                    epi_args=((mScaleX, mScaleGate, mScaleUp), None),
+                    mA_up=m_up if self.swiglu == "a" else None,
+                    mB_up=m_up if self.swiglu == "b" else None)
+
+
+def compile_scaled_swiglu(config: Any, scale_x: str = "tensor", scale_w: str = "tensor",
+                          out_dtype: Any = "bf16", options: str = ""):
+    """Compile the FP8 SwiGLU (``Sm90ScaledGemm`` with ``config.swiglu`` "b", or "a": the
+    weights as A, swap-AB) with symbolic shapes and the TVM-FFI ABI: e4m3 x and weights,
+    K-major, the scales' kinds (``SCALE_KINDS``, in the kernel's (M, N): x's ``scale_x``,
+    both weights' ``scale_w``) as fp32 views. Called as ``f(A, B, W_up, C, scale_x,
+    scale_gate, scale_up)``: W_up laid out as the weight it pairs with (A with "a", B with
+    "b"), C column-major with "a" (C^T, the direct store)."""
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    config, max_active_clusters = _config(config, None)
+    c_major = "m" if config.swiglu == "a" else "n"
+    a, b, c, _ = make_fake_gemm_args("e4m3", out_dtype, store=config.store, c_major=c_major)
+    weight = a if config.swiglu == "a" else b
+    up = make_fake_tensor(weight.element_type, weight.shape, weight.stride, assumed_align=16)
+    scales = [make_fake_tensor(cutlass.Float32, c.shape, SCALE_KINDS[kind], assumed_align=16)
+              for kind in (scale_x, scale_w, scale_w)]
+    return cute.compile(ScaledSwiglu(config, max_active_clusters=max_active_clusters),
+                        a, b, up, c, *scales, make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi {options}".strip())
 
 

@@ -21,7 +21,8 @@ A problem that does not suit it gets no choice, with a debug log saying why.
 ``swiglu_choices(nodes, layout)`` appends the two-weight configs (``SWIGLU``:
 ``silu(x @ w_gate) * (x @ w_up)``, the entry ``(a, b, b_up)``; the kernel's ``swiglu``
 "b", or "a" with swap-AB, where the weights are its A) for the lowering of
-``cutedsl::swiglu_mm`` (``inductor/swiglu.py``).
+``cutedsl::swiglu_mm`` (``inductor/swiglu.py``); with ``SCALE_A`` too, the FP8 SwiGLU's (entry
+``(a, b, b_up, scale_a, scale_b, scale_up)``, ``scaled_choices.scaled_swiglu_choices``).
 A fused epilogue's output may be float8 (``problem.fused_output_error``), then C's dtype.
 A fused prologue (``{{def_prologue("a")}}``: the scheduler's, on torch's ``a``) renders the
 kernel's ``transform_a`` variant, its A the prologue's source (``transform_a.py``); a
@@ -135,6 +136,12 @@ class {{kernel_name}}_Gemm({{base}}):
             acc[i] = {{kernel_name}}_epilogue_apply(
                 acc[i], prefetched[1], i, {% if output_rank == 3 %}l_idx, {% endif %}
                 {{row}}, {{col}}, {{own_args}})
+{%- if scaled and SWIGLU is defined %}
+
+    @cute.jit
+    def epilogue_values(self, frag, acc, acc_up, start, released, prefetched):
+        {{base}}.epilogue_values(self, frag, acc, acc_up, start, released, prefetched[0])
+{%- endif %}
 {%- if tile_input %}
 
     @cute.jit
@@ -146,7 +153,7 @@ class {{kernel_name}}_Gemm({{base}}):
 {%- endif %}
 
 @cute.jit
-{% if scaled %}{{def_kernel("a", "b", "scale_a", "scale_b", "bias") if HAS_BIAS else def_kernel("a", "b", "scale_a", "scale_b")}}{% elif HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
+{% if scaled and SWIGLU is defined %}{{def_kernel("a", "b", "b_up", "scale_a", "scale_b", "scale_up")}}{% elif scaled %}{{def_kernel("a", "b", "scale_a", "scale_b", "bias") if HAS_BIAS else def_kernel("a", "b", "scale_a", "scale_b")}}{% elif HAS_BIAS %}{{def_kernel("bias", "a", "b")}}{% elif SWIGLU is defined %}{{def_kernel("a", "b", "b_up")}}{% else %}{{def_kernel("a", "b")}}{% endif %}
     gemm = {% if has_epilogue or transform_a %}{{kernel_name}}_Gemm{% else %}{{base}}{% endif %}(
         tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K, cluster_m=CLUSTER_M,
         cluster_n=CLUSTER_N, stages=STAGES, raster=RASTER, cooperative=COOPERATIVE,
@@ -163,14 +170,19 @@ class {{kernel_name}}_Gemm({{base}}):
 {%- set a_dims = (None, None) if SCALE_A == "tensor" else ((None, 0) if SWAP_AB is defined else (0, None)) %}
 {%- set b_dims = (None, None) if SCALE_B == "tensor" else ((1, None) if SWAP_AB is defined else (None, 1)) %}
 {%- set bias_dims = (0, None) if SWAP_AB is defined else (None, 0) %}
+{%- if SWIGLU is defined %}
+{%- set up_dims = (None, None) if SCALE_UP == "tensor" else ((1, None) if SWAP_AB is defined else (None, 1)) %}
+{%- endif %}
     mA, mB = {{kernel_a}}, {{kernel_b}}
     prob_m, prob_n = cute.size(mA, mode=[0]), cute.size(mB, mode=[0])
     scales = (broadcast_mnl(scale_a, prob_m, prob_n, {{a_dims[0]}}, {{a_dims[1]}}),
-              broadcast_mnl(scale_b, prob_m, prob_n, {{b_dims[0]}}, {{b_dims[1]}}))
+              broadcast_mnl(scale_b, prob_m, prob_n, {{b_dims[0]}}, {{b_dims[1]}}){% if SWIGLU is defined %},
+              broadcast_mnl(scale_up, prob_m, prob_n, {{up_dims[0]}}, {{up_dims[1]}}){% endif %})
     {% if HAS_BIAS %}bias_view = broadcast_mnl(bias, prob_m, prob_n, {{bias_dims[0]}}, {{bias_dims[1]}}){% else %}bias_view = None{% endif %}
     gemm.launch(mA, mB, {{view_c}}(out), bias_view, ALPHA, BETA, stream,
                 epi_args=(scales, {% if has_epilogue %}{{epilogue_inputs()}}{% else %}None{% endif %}),
-                {%- if tile_input %} mTile={{view_c}}({{epilogue_tile_input()}}),{% endif %})
+                {%- if tile_input %} mTile={{view_c}}({{epilogue_tile_input()}}),{% endif %}
+                {%- if SWIGLU is defined %} {{up_weight}},{% endif %})
 {%- else %}
     {% if HAS_BIAS %}bias_view = {{view_c}}(bias){% else %}bias_view = None{% endif %}
 {%- endif %}
@@ -193,9 +205,10 @@ gemm_template = CuteDSLTemplate("sm90_gemm", GEMM_SOURCE, symbolic_shapes=True,
 
 
 def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,
-            scales: tuple[str, str] | None = None) -> Params:
+            scales: tuple[str, ...] | None = None) -> Params:
     """The template's parameters for ``cfg``; ``scales``: ``_scaled_mm``'s (A's, B's)
-    kinds, "tensor" or "row" / "col" (``scaled_choices.py``)."""
+    kinds, "tensor" or "row" / "col", and the FP8 SwiGLU's up weight's third
+    (``scaled_choices.py``)."""
     params = {
         "TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k,
         "CLUSTER_M": cfg.cluster_m, "CLUSTER_N": cfg.cluster_n,
@@ -216,7 +229,9 @@ def _params(cfg: GemmConfig, has_bias: bool, alpha: float, beta: float,
     if cfg.fp8:
         params["FP8"] = True
     if scales is not None:
-        params["SCALE_A"], params["SCALE_B"] = scales
+        params["SCALE_A"], params["SCALE_B"] = scales[:2]
+        if len(scales) == 3:
+            params["SCALE_UP"] = scales[2]
     if cfg.pdl:
         params["PDL"] = True
     return Params.of(params)
@@ -335,7 +350,7 @@ def ranked_configs(ranker: Any, problem: GemmProblem, layout: Any) -> list[GemmC
 def append_choices(choices: list[Any], nodes: list[Any], layout: Any,
                    problems: list[GemmProblem], configs: list[GemmConfig],
                    has_bias: bool = False, alpha: float = 1.0, beta: float = 0.0,
-                   scales: tuple[str, str] | None = None) -> None:
+                   scales: tuple[str, ...] | None = None) -> None:
     """One choice per config that the kernel can run on every one of ``problems``
     (swapped for a swap-AB config); ``scales``: see ``_params``."""
     for cfg in configs:

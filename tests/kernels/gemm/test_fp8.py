@@ -15,9 +15,17 @@ cutlass = pytest.importorskip("cutlass")
 import torch  # noqa: E402
 
 from cutedsl_inductor.kernels.gemm.config import GemmConfig, config_error  # noqa: E402
-from cutedsl_inductor.kernels.gemm.heuristic import fp8_configs, pick_configs  # noqa: E402
+from cutedsl_inductor.kernels.gemm.heuristic import (  # noqa: E402
+    fp8_configs,
+    fp8_swiglu_configs,
+    pick_configs,
+    swiglu_configs,
+)
 from cutedsl_inductor.kernels.gemm.problem import GemmProblem  # noqa: E402
-from cutedsl_inductor.kernels.gemm.standalone import compile_scaled_gemm  # noqa: E402
+from cutedsl_inductor.kernels.gemm.standalone import (  # noqa: E402
+    compile_scaled_gemm,
+    compile_scaled_swiglu,
+)
 from tests.helpers import cuobjdump  # noqa: E402
 
 COOP = GemmConfig(128, 256, 128, cluster_m=2, fp8=True)
@@ -27,11 +35,10 @@ SWAP_SPLIT = GemmConfig(128, 16, 128, raster="m", store="direct", swap_ab=True, 
                         fp8=True)
 
 
-def _ptx_and_usage(tmp_path, cfg, *args, **kwargs):
-    """The PTX of the compiled kernel and, where cuobjdump is installed, its resource
-    usage line(s): (REG, STACK, LOCAL) per function."""
-    compile_scaled_gemm(cfg, *args, **kwargs,
-                        options=f"--keep-ptx --keep-cubin --dump-dir {tmp_path}")
+def _ptx_and_usage(tmp_path, cfg, *args, compile=compile_scaled_gemm, **kwargs):
+    """The PTX of the kernel ``compile`` compiles and, where cuobjdump is installed, its
+    resource usage line(s): (REG, STACK, LOCAL) per function."""
+    compile(cfg, *args, **kwargs, options=f"--keep-ptx --keep-cubin --dump-dir {tmp_path}")
     (ptx,) = tmp_path.glob("*.ptx")
     tool = cuobjdump()
     usage = None
@@ -134,11 +141,10 @@ def test_what_the_problem_check_takes():
 
 def test_the_fp8_config_counts_one_byte_operands():
     """A split-K tile whose 16-bit stages do not fit twice next to the reduction buffer
-    fits with FP8 operands; FP8 takes neither SwiGLU nor a transformed A."""
+    fits with FP8 operands; FP8 takes no transformed A."""
     fields = dict(tile_m=128, tile_n=192, tile_k=128, split_k=2)
     assert "two pipeline stages" in config_error(**fields)
     assert GemmConfig(**fields, fp8=True).name == "t128x192x128_c1x1_coop_rm_k2_fp8"
-    assert "fp8=True needs" in config_error(tile_m=128, tile_n=128, fp8=True, swiglu="b")
     assert "fp8=True needs" in config_error(tile_m=128, tile_n=128, fp8=True, transform_a=True)
 
 
@@ -158,3 +164,51 @@ def test_fp8_configs_follow_the_16_bit_ranking_with_whole_128_byte_rows(m, n, k)
     assert all(c.store == "direct" for c in fp8_configs(m, 4100, k, max_configs=None))
     assert any(c.store == "tma" for c in fp8_configs(m, 4100, k, max_configs=None,
                                                       out_dtype=torch.float32))
+
+
+SWIGLU_SHAPES = [(8192, 14336, 4096), (16, 14336, 4096), (1000, 4096, 1024)]
+
+
+def _register_kinds(configs):
+    """One config per kind of register use: clusters, rasters and stages aside."""
+    kinds = {}
+    for cfg in configs:
+        kinds.setdefault((cfg.tile_m, cfg.tile_n, cfg.cooperative, cfg.pingpong, cfg.swiglu,
+                          cfg.store), cfg)
+    return list(kinds.values())
+
+
+SWIGLU_OFFERED = _register_kinds([c for shape in SWIGLU_SHAPES for c in fp8_swiglu_configs(*shape)])
+
+
+@pytest.mark.parametrize("cfg", SWIGLU_OFFERED, ids=lambda c: c.name)
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_offered_fp8_swiglu_kernels_compile_without_spills(tmp_path, cfg, recipe):
+    """Every kind of config ``fp8_swiglu_configs`` offers at a prefill, a decode and a
+    mid-size shape, with x's and both weights' scales tensorwise or rowwise (in the
+    kernel's (M, N): swap-AB's weights are its A): FP8 WGMMAs of e4m3, the two weight
+    tiles one WGMMA twice as wide where they join, no stack frame, no local memory."""
+    scales = {"tensorwise": ("tensor", "tensor"),
+              "rowwise": ("col", "row") if cfg.swiglu == "a" else ("row", "col")}[recipe]
+    ptx, usage = _ptx_and_usage(tmp_path, cfg, *scales, compile=compile_scaled_swiglu)
+    widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3",
+                            ptx))
+    wide = cfg.swiglu == "b" and 2 * cfg.tile_n <= 256  # K tile of 128 bytes: one swizzle row
+    assert widths == {str(cfg.tile_n * (2 if wide else 1))}
+    assert ".local" not in ptx
+    if usage is not None:
+        assert [(stack, local) for _, stack, local in usage] == [("0", "0")], usage
+
+
+@pytest.mark.parametrize("m,n,k", SWIGLU_SHAPES)
+def test_fp8_swiglu_configs_follow_the_two_weight_ranking_in_128_byte_rows(m, n, k):
+    configs = fp8_swiglu_configs(m, n, k, max_configs=None)
+    assert configs and all(c.fp8 and c.swiglu and c.tile_k == 128 for c in configs)
+    assert len(set(configs)) == len(configs)
+    # two accumulators of at most 128 registers per thread together
+    assert all(2 * c.tile_m * c.tile_n <= 128 * 128 * c.tile_wgs for c in configs)
+    ranked = [c.replace(tile_k=128, fp8=True) for c in swiglu_configs(m, n, k, max_configs=None)
+              if 2 * c.tile_m * c.tile_n <= 128 * 128 * c.tile_wgs]
+    assert configs == list(dict.fromkeys(ranked))
+    assert any(c.swiglu == "a" for c in configs) == (m <= 32)
+    assert len(fp8_swiglu_configs(m, n, k)) == min(8, len(configs))
