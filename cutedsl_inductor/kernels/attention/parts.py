@@ -13,6 +13,11 @@ batch ``b % SPARSE_B``, head ``h % SPARSE_H``; that block lists ``num`` partial 
 ``per_block`` tiles of the other dimension, of which the first ``steps`` are walked (a
 block reaching past the other length stops at its last tile). Producer and consumers
 walk the same list, so they agree on every tile.
+
+The persistent forward's tile order: linear tile ``i`` is Q tile ``q_tiles - 1 - i %
+q_tiles`` of (batch, head) ``i // q_tiles`` (head fastest): a (batch, head)'s Q tiles
+are neighbours (its K and V stay in L2 while the CTAs walking them run), its last -- the
+longest under a causal mask -- first, so the short ones fill the end of the walk.
 """
 
 import cutlass
@@ -85,3 +90,12 @@ def walk_tile(blocks, has_full: cutlass.Constexpr, t, per_block, steps):
         if cutlass.const_expr(has_full):
             block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
     return block * per_block + sub, is_partial
+
+
+@cute.jit
+def persistent_tile(tile, q_tiles, heads):
+    """(Q tile, head, batch) of linear tile ``tile`` of the persistent walk."""
+    bh = tile // q_tiles
+    m_block = q_tiles - 1 - (tile - bh * q_tiles)
+    b_idx = bh // heads
+    return m_block, bh - b_idx * heads, b_idx
