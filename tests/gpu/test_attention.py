@@ -213,7 +213,7 @@ def test_gqa(monkeypatch, kv_heads, mask_mod):
           head_dim=128)
 
 
-PERSISTENT_CASES = {  # (q_len, kv_len, kv_heads, mask_mod): 2 x 16 heads
+PERSISTENT_CASES = {  # (q_len, kv_len, kv_heads, mask_mod): 4 x 16 heads
     "causal": (1029, 1029, 16, causal), "sliding": (1029, 1029, 16, sliding_window),
     "document": (999, 999, 16, "document"), "no mask": (1000, 700, 16, None),
     "gqa causal": (1029, 1029, 4, causal)}
@@ -223,16 +223,16 @@ PERSISTENT_CASES = {  # (q_len, kv_len, kv_heads, mask_mod): 2 x 16 heads
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 @pytest.mark.parametrize("mainloop", ["pingpong", "pipelined", "serial"])
 def test_persistent(monkeypatch, head_dim, case, mainloop):
-    """``config.flex_persistent``: 2 x 16 heads of 8-9 Q tiles, more tiles than SMs, so a CTA
-    walks two or three (a Q buffer, ring slot or ping-pong turn mishandled between tiles
-    hangs the CTA or mixes the tiles' rows), lengths that are no tile multiples."""
+    """``config.flex_persistent``: 4 x 16 heads of 8-9 Q tiles, over four a CTA, the odd rounds
+    walked backwards (a Q buffer, ring slot or ping-pong turn mishandled between tiles hangs
+    the CTA or mixes the tiles' rows), lengths that are no tile multiples."""
     q_len, kv_len, kv_heads, mask_mod = PERSISTENT_CASES[case]
     if mask_mod == "document":
         mask_mod = make_document(q_len)
     with config.patch(flex_persistent=True, flex_pipelined=mainloop != "serial",
                       flex_pingpong=mainloop == "pingpong"):
-        check(q_len, kv_len, monkeypatch, heads=16, kv_heads=kv_heads, head_dim=head_dim,
-              mask_mod=mask_mod)
+        check(q_len, kv_len, monkeypatch, batch=4, heads=16, kv_heads=kv_heads,
+              head_dim=head_dim, mask_mod=mask_mod)
 
 
 def test_switched_off_inductor_runs_its_own_kernel():

@@ -37,19 +37,19 @@ take turns issuing their GEMMs (``FlexBarrier``'s turns), so that one's softmax 
 the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
 schedulers take them.
 
-Persistent (``FlexConfig.persistent``, knob ``flex_persistent``): the grid is one CTA per
-SM (``sm90.SMS``, at most one per tile) and CTA c walks linear tiles c, c + gridDim.x, ...
-in ``parts.persistent_tile``'s order (a (batch, head)'s last Q tiles first), so a CTA's
-fixed costs (Q's load, the first K tile's latency, the lone first S GEMM, the last P V,
-O's normalization and store) overlap its neighbours' work. Q has two buffers (a
-``q_stages`` ring: full/empty mbarrier pairs, phases flipping per tile): the consumers
-release a tile's Q buffer once its last S GEMM is waited for, so the producer loads the
-next tiles' Q, K and V while this tile's last P V, normalization and store run. The K/V
-rings' states, like Q's, carry over from tile to tile (the tile helpers return them: an
-advance inside a helper is not carried out of the caller's loop). Per tile the consumers
-zero O and reset the row max and sum. The ping-pong turns go on across tiles: warpgroup 2
-arrives once before the walk, every turn is passed on, and warpgroup 1 takes 2's last pass
-after the walk.
+Persistent (``FlexConfig.persistent``, knob ``flex_persistent``): about one CTA per SM
+(``sm90.SMS``; ``parts.persistent_grid``) and CTA c walks steps c, c + gridDim.x, ... in
+``parts.persistent_tile``'s order (a (batch, head)'s last Q tiles first, odd rounds
+backwards), so a CTA's fixed costs (Q's load, the first K tile's latency, the lone first
+S GEMM, the last P V, O's normalization and store) overlap its neighbours' work. Q has
+two buffers (a ``q_stages`` ring: full/empty mbarrier pairs, phases flipping per tile):
+the consumers release a tile's Q buffer once its last S GEMM is waited for, so the
+producer loads the next tiles' Q, K and V while this tile's last P V, normalization and
+store run. The K/V rings' states, like Q's, carry over from tile to tile (the tile
+helpers return them: an advance inside a helper is not carried out of the caller's
+loop). Per tile the consumers zero O and reset the row max and sum. The ping-pong turns
+go on across tiles: warpgroup 2 arrives once before the walk, every turn is passed on,
+and warpgroup 1 takes 2's last pass after the walk.
 
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
@@ -96,6 +96,7 @@ from .parts import (
     as_a_operand,
     block_list,
     in_range,
+    persistent_grid,
     persistent_tile,
     rows_cols,
     tree_reduce,
@@ -217,7 +218,7 @@ class Sm90FlexAttention:
         grid = [q_tiles, heads, batch]
         tiles = q_tiles * heads * batch
         if cutlass.const_expr(self.config.persistent):
-            grid = [cutlass.min(tiles, SMS), 1, 1]
+            grid = [persistent_grid(q_tiles, tiles, SMS), 1, 1]
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, mMax, kv_num, kv_idx, full_num,
             full_idx, captures, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
@@ -301,9 +302,10 @@ class Sm90FlexAttention:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if cutlass.const_expr(self.config.persistent):
             q_tiles, heads, tiles = walk
-            for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+            for step in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
                                       unroll=1):
-                m_block, h_idx, b_idx = persistent_tile(tile, q_tiles, heads)
+                m_block, h_idx, b_idx = persistent_tile(step, q_tiles, heads, tiles,
+                                                        cute.arch.grid_dim()[0])
                 q_state, state = self.produce_tile(pipes, copies, lists, m_block, h_idx, b_idx,
                                                    heads, q_state, state)
         else:
@@ -374,9 +376,10 @@ class Sm90FlexAttention:
         if cutlass.const_expr(self.config.persistent):
             q_tiles, heads, tiles = walk
             self.first_turn(wg)  # the turns go on across the tiles
-            for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+            for step in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
                                       unroll=1):
-                m_block, h_idx, b_idx = persistent_tile(tile, q_tiles, heads)
+                m_block, h_idx, b_idx = persistent_tile(step, q_tiles, heads, tiles,
+                                                        cute.arch.grid_dim()[0])
                 q_state, k_state, v_state = self.consume_tile(
                     pipes, (q_state, k_state, v_state), qk_mma, pv_mma, regs, lists, wg,
                     m_block, h_idx, b_idx, out)

@@ -119,6 +119,16 @@ def _persistent(head_dim=128, block_n=128, **fields):
     return FlexConfig(head_dim, block_n, 2, 128, 128, True, 0.125, persistent=True, **fields)
 
 
+def _outermost_loop(ptx):
+    """The body of the loop whose backward branch goes furthest back."""
+    labels = {m.group(1): m.start() for m in re.finditer(r"^(\$L__BB\d+_\d+):", ptx, re.M)}
+    branches = re.finditer(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ptx)
+    loops = [(labels[m.group(1)], m.end()) for m in branches
+             if labels.get(m.group(1), len(ptx)) < m.start()]
+    start, end = min(loops, key=lambda loop: loop[0] - loop[1])
+    return ptx[start:end]
+
+
 def _stack_and_registers(directory):
     tool = cuobjdump()
     if tool is None:
@@ -135,15 +145,15 @@ def test_the_persistent_kernel_walks_tiles_and_refills_q_while_one_runs(tmp_path
     ptx = _ptx(_persistent(pingpong=pingpong), tmp_path / "persistent")
     producer = ptx[ptx.index("setmaxnreg.dec"):ptx.index("setmaxnreg.inc")]
     consumers = ptx[ptx.index("setmaxnreg.inc"):]
-    for role in (producer, consumers):  # tile += gridDim.x, back to the loop's top
-        step = role.index("%nctaid.x")
-        top = re.search(r"bra\s+(\$L__BB\d+_\d+);", role[step:]).group(1)
-        assert role.index(f"{top}:") < step
-    # the producer's loop: Q's buffer waited for (its empty barrier), then Q's TMA loads
-    top = re.search(r"bra\s+(\$L__BB\d+_\d+);",
-                    producer[producer.index("%nctaid.x"):]).group(1)
-    body = producer[producer.index(f"{top}:"):]
-    assert body.index("mbarrier.try_wait") < body.index("cp.async.bulk.tensor")
+    # each role's outermost loop (tile += gridDim.x) holds a whole tile's work: the
+    # producer's wait for Q's buffer (its empty barrier) before Q's TMA loads, then K's
+    # and V's; the consumers' GEMMs and O's store
+    producer_tile, consumer_tile = (_outermost_loop(role) for role in (producer, consumers))
+    assert "%nctaid.x" in producer and "%nctaid.x" in consumers
+    loads = "cp.async.bulk.tensor"
+    assert producer_tile.index("mbarrier.try_wait") < producer_tile.index(loads)
+    assert producer_tile.count(loads) == producer.count(loads)  # Q's too, not K's, V's alone
+    assert "wgmma.mma_async" in consumer_tile and "st.global" in consumer_tile
     # the consumers release Q's buffer: one arrive site more than the non-persistent kernel
     plain = _ptx(FlexConfig(128, 128, 2, 128, 128, True, 0.125, pingpong=pingpong),
                  tmp_path / "plain")
