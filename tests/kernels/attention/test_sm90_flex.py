@@ -7,8 +7,9 @@ these PTX checks cannot see.)
 
 Persistent (``FlexConfig.persistent``): the producer's and the consumers' grid-stride tile
 loops, the producer's Q load behind a wait for Q's empty barrier inside its loop, the
-consumers' release of Q's buffer; compiled for both head dims, causal and unmasked, its
-SASS with no stack frame (``cuobjdump --dump-resource-usage``)."""
+consumers' release of Q's buffer, the ping-pong turns going on across tiles; compiled for
+both head dims, causal and unmasked, its SASS with no stack frame (``cuobjdump
+--dump-resource-usage``)."""
 
 import re
 import subprocess
@@ -154,6 +155,12 @@ def test_the_persistent_kernel_walks_tiles_and_refills_q_while_one_runs(tmp_path
     assert producer_tile.index("mbarrier.try_wait") < producer_tile.index(loads)
     assert producer_tile.count(loads) == producer.count(loads)  # Q's too, not K's, V's alone
     assert "wgmma.mma_async" in consumer_tile and "st.global" in consumer_tile
+    if pingpong:  # 2's arrive before the walk, 3 turns a tile, 1 takes 2's last pass after
+        turns = re.compile(r"\bbar(?:rier)?\.(sync|arrive)(?:\.aligned)?\s+\S+,\s*256;")
+        before, after = consumers.split(consumer_tile)
+        assert [m.group(1) for m in turns.finditer(before)] == ["arrive"]
+        assert [m.group(1) for m in turns.finditer(consumer_tile)] == ["sync", "arrive"] * 3
+        assert [m.group(1) for m in turns.finditer(after)] == ["sync"]
     # the consumers release Q's buffer: one arrive site more than the non-persistent kernel
     plain = _ptx(FlexConfig(128, 128, 2, 128, 128, True, 0.125, pingpong=pingpong),
                  tmp_path / "plain")
