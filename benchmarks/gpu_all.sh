@@ -19,7 +19,8 @@
 #                                             with and without CUDA graphs, PDL off and on)
 #                                             attention_levers (bench attention --quick, each
 #                                             lever off and on: the backward's fused dQ, the
-#                                             forward's ping-pong; ATTENTION_ARGS as above,
+#                                             forward's ping-pong, the persistent forward;
+#                                             ATTENTION_ARGS as above,
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 #                                             attention_profile (the backward on causal, two
 #                                             kernels and fused dQ, each variant's kernels
@@ -144,7 +145,7 @@ for s in $steps; do
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
         ${ATTENTION_ARGS:---quick} --out "$OUT" ;;
     attention_levers)
-      for lever in FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd; do
+      for lever in FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd FLEX_PERSISTENT:fwd; do
         for on in 0 1; do
           env "CUTEDSL_INDUCTOR_${lever%:*}=$on" python3 -m cutedsl_inductor bench attention \
             ${ATTENTION_ARGS:---quick} --directions "${lever#*:}" --variants "${LEVER_VARIANTS:-ours,triton,sdpa-cudnn}" \

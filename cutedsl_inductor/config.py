@@ -187,6 +187,12 @@ flex_pingpong: bool = _knob(
     "(named barriers: one's softmax runs while the other's GEMMs do; pipelined mainloop "
     "only; faster on every mask timed, docs/measurements.md)", changes_code=True,
     steers=Reach.FLEX)
+flex_persistent: bool = _knob(
+    "flex_persistent", "CUTEDSL_INDUCTOR_FLEX_PERSISTENT", False, Boolean(),
+    "our FlexAttention forward runs persistent: one CTA per SM walks the Q tiles, the longest "
+    "causal ones first, loading the next tile's Q, K and V while one tile's last P V, "
+    "normalization and store run (off until timed on a GPU)", changes_code=True,
+    steers=Reach.FLEX)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
     "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "

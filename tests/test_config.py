@@ -107,8 +107,9 @@ def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
                                       "epilogue_fusion", "fused_choice_candidates",
                                       "flex_attention", "flex_max_configs",
                                       "flex_only_ours", "flex_pipelined", "flex_pingpong",
-                                      "flex_bwd_fused_dq", "prologue_fusion", "sdpa", "aot",
-                                      "fp8", "fp8_swiglu", "distributed_autotune"}
+                                      "flex_persistent", "flex_bwd_fused_dq",
+                                      "prologue_fusion", "sdpa", "aot", "fp8", "fp8_swiglu",
+                                      "distributed_autotune"}
     with config.patch(gemm_max_configs=3):
         assert config.snapshot()["gemm_max_configs"] == 3
 

@@ -13,6 +13,7 @@ import enum
 THREADS_PER_WG = 128  # threads of a warpgroup, the unit of WGMMA and of setmaxnreg
 WGMMA_M = 64  # rows of one WGMMA (a warpgroup's share of a tile)
 SMEM_BYTES = 227 * 1024  # dynamic shared memory a CTA may use
+SMS = 132  # SMs of an H100 SXM / H200: a persistent kernel's grid (fewer SMs: a second wave)
 
 
 class GemmBarrier(enum.IntEnum):

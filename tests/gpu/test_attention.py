@@ -3,8 +3,9 @@
 random inputs, for no mask, causal, sliding window, document masking, ALiBi, tanh
 soft-capping and a relative bias from a captured tensor; sequence lengths that are no
 tile multiples, Q_LEN != KV_LEN, GQA, bf16/fp16, head dims 64/128, each of the offered
-KV tiles; outputs NaN-poisoned (the allocator's free memory is filled with NaN before
-the call, so unwritten elements show). Inductor's name filter keeps only our choices,
+KV tiles, the persistent forward (``flex_persistent``) with more tiles than SMs; outputs
+NaN-poisoned (the allocator's free memory is filled with NaN before the call, so
+unwritten elements show). Inductor's name filter keeps only our choices,
 so what is checked is our kernel (asserted in the output code)."""
 
 import functools
@@ -210,6 +211,29 @@ def test_relative_bias_from_a_captured_tensor(monkeypatch):
 def test_gqa(monkeypatch, kv_heads, mask_mod):
     check(333, 333, monkeypatch, heads=8, kv_heads=kv_heads, mask_mod=mask_mod,
           head_dim=128)
+
+
+PERSISTENT_CASES = {  # (q_len, kv_len, kv_heads, mask_mod): 4 x 16 heads
+    "causal": (1029, 1029, 16, causal), "sliding": (1029, 1029, 16, sliding_window),
+    "document": (999, 999, 16, "document"), "no mask": (1000, 700, 16, None),
+    "gqa causal": (1029, 1029, 4, causal)}
+
+
+@pytest.mark.parametrize("case, mainloop, head_dim", [
+    *((case, mainloop, 128) for case in PERSISTENT_CASES
+      for mainloop in ("pingpong", "pipelined", "serial")),
+    ("causal", "pingpong", 64), ("document", "pingpong", 64)])
+def test_persistent(monkeypatch, case, mainloop, head_dim):
+    """``config.flex_persistent``: 4 x 16 heads of 8-9 Q tiles, 4-5 a CTA, the odd rounds
+    walked backwards (a Q buffer, ring slot or ping-pong turn mishandled between tiles hangs
+    the CTA or mixes the tiles' rows), lengths that are no tile multiples."""
+    q_len, kv_len, kv_heads, mask_mod = PERSISTENT_CASES[case]
+    if mask_mod == "document":
+        mask_mod = make_document(q_len)
+    with config.patch(flex_persistent=True, flex_pipelined=mainloop != "serial",
+                      flex_pingpong=mainloop == "pingpong"):
+        check(q_len, kv_len, monkeypatch, batch=4, heads=16, kv_heads=kv_heads,
+              head_dim=head_dim, mask_mod=mask_mod)
 
 
 def test_switched_off_inductor_runs_its_own_kernel():

@@ -3,7 +3,8 @@
 A frozen, validated record: ``FlexConfig(...)`` raises ``ValueError`` for a combination
 the kernel cannot run (a head dim other than 64/128, a KV tile that does not divide the
 BlockMask's KV block, a ring that does not fit in shared memory), so a refused choice
-names its reason before anything is traced.
+names its reason before anything is traced. ``persistent`` doubles Q's shared memory
+(two Q buffers: the next tile's loads while one runs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class FlexConfig:
     pipelined: bool = True  # softmax overlapped with the GEMMs (False: the serial mainloop)
     pingpong: bool = False  # the consumer warpgroups take turns issuing their GEMMs
     element_bytes: int = 2
+    persistent: bool = False  # one CTA per SM walking the Q tiles, Q double-buffered
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -47,7 +49,7 @@ class FlexConfig:
                              f"need {self.smem_bytes()} bytes of shared memory")
 
     def smem_bytes(self) -> int:
-        q = BLOCK_M * self.head_dim * self.element_bytes
+        q = BLOCK_M * self.head_dim * self.element_bytes * self.q_stages
         kv = 2 * self.block_n * self.head_dim * self.element_bytes * self.stages
         return q + kv + 1024 * 4
 
@@ -55,10 +57,16 @@ class FlexConfig:
     def kv_tiles_per_block(self) -> int:
         return self.sparse_kv_block // self.block_n
 
+    @property
+    def q_stages(self) -> int:
+        """Q tiles in shared memory: persistent, the next tile's loads while this one runs."""
+        return 2 if self.persistent else 1
+
 
 def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
                     has_full_blocks: bool, sm_scale: float,
-                    pipelined: bool = True, pingpong: bool = False) -> list[FlexConfig]:
+                    pipelined: bool = True, pingpong: bool = False,
+                    persistent: bool = False) -> list[FlexConfig]:
     """The configs offered for a problem, best guess first; those that do not fit are
     left out (an empty list: nothing suits)."""
     shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
@@ -67,7 +75,7 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
         try:
             out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
                                   has_full_blocks, sm_scale, pipelined,
-                                  pingpong and pipelined))
+                                  pingpong and pipelined, persistent=persistent))
         except ValueError:
             continue
     return out

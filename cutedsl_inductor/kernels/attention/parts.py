@@ -13,6 +13,16 @@ batch ``b % SPARSE_B``, head ``h % SPARSE_H``; that block lists ``num`` partial 
 ``per_block`` tiles of the other dimension, of which the first ``steps`` are walked (a
 block reaching past the other length stops at its last tile). Producer and consumers
 walk the same list, so they agree on every tile.
+
+The persistent forward's walk: CTA c takes steps c, c + grid, c + 2 grid, ... (round k
+= step // grid). Step ``j`` is Q tile ``q_tiles - 1 - j % q_tiles`` of (batch, head) ``j
+// q_tiles``: a (batch, head)'s Q tiles are neighbours (its K and V stay in L2 while the
+CTAs walking them run), its last -- the longest under a causal mask -- first. Where a
+round holds whole (batch, head)s (``grid`` a multiple of ``q_tiles``), every odd round
+that is full runs backwards (a snake), so a CTA's long tile of one round pairs with a
+short one of the next: with a fixed stride alone, 132 CTAs over 16 Q tiles a head give
+CTA c the tiles ``c % 4`` apart from the longest, and the walks' lengths differ by up to
+40%. ``persistent_grid`` picks the grid.
 """
 
 import cutlass
@@ -85,3 +95,28 @@ def walk_tile(blocks, has_full: cutlass.Constexpr, t, per_block, steps):
         if cutlass.const_expr(has_full):
             block = cutlass.Int32(full_idx[sb, sh, blk, j - partial])
     return block * per_block + sub, is_partial
+
+
+def persistent_grid(q_tiles: int, tiles: int, sms: int) -> int:
+    """The persistent walk's CTAs: one a tile where there are fewer than two tiles an SM
+    (the hardware's scheduling balances them, the long ones first); else whole (batch,
+    head)s a round where one fits in the SMs (the snake pairs long and short tiles); else
+    one a SM. Static sizes only."""
+    if not all(isinstance(n, int) for n in (q_tiles, tiles)):
+        raise ValueError("the persistent FlexAttention forward takes static shapes")
+    if tiles < 2 * sms:
+        return tiles
+    return sms // q_tiles * q_tiles if q_tiles <= sms else sms
+
+
+@cute.jit
+def persistent_tile(step, q_tiles, heads, tiles, grid):
+    """(Q tile, head, batch) of step ``step`` of the persistent walk (``tiles`` in all,
+    ``grid`` a round)."""
+    k = step // grid
+    snake = (k % 2 == 1) & ((k + 1) * grid <= tiles) & (grid % q_tiles == 0)
+    j = cutlass.Int32(cutlass.select_(snake, (2 * k + 1) * grid - 1 - step, step))
+    bh = j // q_tiles
+    m_block = q_tiles - 1 - (j - bh * q_tiles)
+    b_idx = bh // heads
+    return m_block, bh - b_idx * heads, b_idx

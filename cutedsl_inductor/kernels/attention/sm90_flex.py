@@ -37,6 +37,20 @@ take turns issuing their GEMMs (``FlexBarrier``'s turns), so that one's softmax 
 the other's GEMMs do; without it their GEMMs and softmaxes interleave as the warp
 schedulers take them.
 
+Persistent (``FlexConfig.persistent``, knob ``flex_persistent``): about one CTA per SM
+(``sm90.SMS``; ``parts.persistent_grid``) and CTA c walks steps c, c + gridDim.x, ... in
+``parts.persistent_tile``'s order (a (batch, head)'s last Q tiles first, odd rounds
+backwards), so a CTA's fixed costs (Q's load, the first K tile's latency, the lone first
+S GEMM, the last P V, O's normalization and store) overlap its neighbours' work. Q has
+two buffers (a ``q_stages`` ring: full/empty mbarrier pairs, phases flipping per tile):
+the consumers release a tile's Q buffer once its last S GEMM is waited for, so the
+producer loads the next tiles' Q, K and V while this tile's last P V, normalization and
+store run. The K/V rings' states, like Q's, carry over from tile to tile (the tile
+helpers return them: an advance inside a helper is not carried out of the caller's
+loop). Per tile the consumers zero O and reset the row max and sum. The ping-pong turns
+go on across tiles: warpgroup 2 arrives once before the walk, every turn is passed on,
+and warpgroup 1 takes 2's last pass after the walk.
+
 Block sparsity, as flex's Triton kernel reads it: the Q block ``m * 128 //
 sparse_q_block`` of batch ``b % SPARSE_B``, head ``h % SPARSE_H`` lists
 ``kv_num_blocks`` partial blocks (``kv_indices``), then ``full_kv_num_blocks`` full
@@ -64,6 +78,7 @@ hangs the CTA (mbarrier waits do not time out).
 """
 
 import operator
+from typing import NamedTuple
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads annotations as types.
 import cutlass
@@ -74,13 +89,15 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ..sm90 import THREADS_PER_WG, WGMMA_M, FlexBarrier
+from ..sm90 import SMS, THREADS_PER_WG, WGMMA_M, FlexBarrier
 from .config import BLOCK_M, FlexConfig
 from .parts import (
     LOG2E,
     as_a_operand,
     block_list,
     in_range,
+    persistent_grid,
+    persistent_tile,
     rows_cols,
     tree_reduce,
     walk_length,
@@ -88,6 +105,22 @@ from .parts import (
 )
 
 __all__ = ["Sm90FlexAttention"]
+
+
+class Registers(NamedTuple):
+    """A consumer thread's operand views and accumulators, made once, reused by every tile."""
+    cS: cute.Tensor  # (row, column) of each S value
+    tSrQ: cute.Tensor  # Q's two halves per Q buffer (shared memory)
+    tSrK: cute.Tensor
+    tOrV: cute.Tensor
+    acc_s: cute.Tensor
+    acc_o: cute.Tensor
+    rP: cute.Tensor  # P in the input dtype
+    tOrP: cute.Tensor  # rP as the A operand of O += P V
+    row_max: cute.Tensor  # log2 units
+    row_sum: cute.Tensor  # this thread's partial sums
+    correction: cute.Tensor  # O's row factors of the last softmax step
+
 
 class Sm90FlexAttention:
     """``Sm90FlexAttention(config)(q, k, v, o, lse, max, kv_num_blocks, kv_indices,
@@ -150,7 +183,8 @@ class Sm90FlexAttention:
             (WGMMA_M, d), warpgroup.OperandSource.RMEM)
         qk_tile = (WGMMA_M, bn, d)
         pv_tile = (WGMMA_M, d, bn)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.from_tensor(q), qk_tile, dtype, 2)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.from_tensor(q), qk_tile, dtype,
+                                                  2 * self.config.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.from_tensor(k), qk_tile, dtype,
                                                   self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.from_tensor(v), pv_tile, dtype,
@@ -165,11 +199,11 @@ class Sm90FlexAttention:
         self.q_bytes = 2 * cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
         self.k_bytes = cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
         self.v_bytes = cute.size_in_bytes(dtype, cute.slice_(sV_layout, (None, None, 0)))
-        stages = self.stages
+        stages, q_stages = self.stages, self.config.q_stages
 
         @cute.struct
         class FlexSmem:
-            q_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            q_bars: cute.struct.MemRange[cutlass.Int64, q_stages * 2]
             k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
@@ -181,12 +215,16 @@ class Sm90FlexAttention:
         # "no mask" BlockMask is one block of 2**30) stops at the last tile of KV_LEN
         self.steps_per_block = min(self.config.kv_tiles_per_block, (kv_len + bn - 1) // bn)
         q_tiles = (q_len + BLOCK_M - 1) // BLOCK_M
+        grid = [q_tiles, heads, batch]
+        tiles = q_tiles * heads * batch
+        if cutlass.const_expr(self.config.persistent):
+            grid = [persistent_grid(q_tiles, tiles, SMS), 1, 1]
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, mMax, kv_num, kv_idx, full_num,
             full_idx, captures, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
-            q_len, kv_len, heads,
-        ).launch(grid=[q_tiles, heads, batch], block=[self.num_threads, 1, 1],
-                 min_blocks_per_mp=1, stream=stream)
+            q_len, kv_len, heads, q_tiles, tiles,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1,
+                 stream=stream)
 
     # ---------------------------------------------------------------- kernel
     @cute.kernel
@@ -196,9 +234,9 @@ class Sm90FlexAttention:
                full_num: cute.Tensor, full_idx: cute.Tensor, captures,
                qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32):
+               q_len: cutlass.Int32, kv_len: cutlass.Int32, heads: cutlass.Int32,
+               q_tiles: cutlass.Int32, tiles: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, h_idx, b_idx = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:
@@ -206,23 +244,22 @@ class Sm90FlexAttention:
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
         smem = SmemAllocator().allocate(self.smem_struct)
-        q_pipe = self._pipeline(smem.q_bars.data_ptr(), 1, self.q_bytes)
-        k_pipe = self._pipeline(smem.k_bars.data_ptr(), self.stages, self.k_bytes)
-        v_pipe = self._pipeline(smem.v_bars.data_ptr(), self.stages, self.v_bytes)
+        pipes = (self._pipeline(smem.q_bars.data_ptr(), self.config.q_stages, self.q_bytes),
+                 self._pipeline(smem.k_bars.data_ptr(), self.stages, self.k_bytes),
+                 self._pipeline(smem.v_bars.data_ptr(), self.stages, self.v_bytes))
         sQ = smem.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = smem.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = smem.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        blocks = block_list((kv_num, kv_idx, full_num, full_idx), self.config.has_full_blocks,
-                            m_block, BLOCK_M, self.config.sparse_q_block, h_idx, b_idx)
+        lists = (kv_num, kv_idx, full_num, full_idx)
+        walk = (q_tiles, heads, tiles)
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp == 0:
-                self.producer(q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV,
-                              blocks, m_block, h_idx + heads * b_idx)
+                self.producer(pipes, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, lists, walk)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consumer(q_pipe, k_pipe, v_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
-                          m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len)
+            self.consumer(pipes, sQ, sK, sV, qk_mma, pv_mma, lists, walk, tidx, wg, mO, mLSE,
+                          mMax, captures, q_len, kv_len)
 
     def _pipeline(self, bars, stages, tx_bytes):
         return pipeline.PipelineTmaAsync.create(
@@ -239,10 +276,15 @@ class Sm90FlexAttention:
         return walk_tile(blocks, self.config.has_full_blocks, t, self.config.kv_tiles_per_block,
                          self.steps_per_block)
 
+    @cute.jit
+    def blocks_of(self, lists, m_block, h_idx, b_idx):
+        """The BlockMask walk's state for Q tile ``m_block`` of (``b_idx``, ``h_idx``)."""
+        return block_list(lists, self.config.has_full_blocks, m_block, BLOCK_M,
+                          self.config.sparse_q_block, h_idx, b_idx)
+
     # -------------------------------------------------------------- producer
     @cute.jit
-    def producer(self, q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, blocks,
-                 m_block, l_idx):
+    def producer(self, pipes, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, lists, walk):
         d, bn = self.head_dim, self.block_n
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
@@ -253,14 +295,45 @@ class Sm90FlexAttention:
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
             cute.group_modes(cute.local_tile(tV, (d, bn), (None, None, None)), 0, 2))
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        q_pipe.producer_acquire(q_state)
-        for half in cutlass.range_constexpr(2):
-            cute.copy(tma_q, tQgQ[(None, 2 * m_block + half, 0, l_idx)], tQsQ[(None, half)],
-                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-        q_pipe.producer_commit(q_state)
+        copies = ((tma_q, tQsQ, tQgQ), (tma_k, tKsK, tKgK), (tma_v, tVsV, tVgV))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                               self.config.q_stages)
         # K and V of one tile share a ring index (the rings advance together)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if cutlass.const_expr(self.config.persistent):
+            q_tiles, heads, tiles = walk
+            for step in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+                                      unroll=1):
+                m_block, h_idx, b_idx = persistent_tile(step, q_tiles, heads, tiles,
+                                                        cute.arch.grid_dim()[0])
+                q_state, state = self.produce_tile(pipes, copies, lists, m_block, h_idx, b_idx,
+                                                   heads, q_state, state)
+        else:
+            m_block, h_idx, b_idx = cute.arch.block_idx()
+            q_state, state = self.produce_tile(pipes, copies, lists, m_block, h_idx, b_idx,
+                                               walk[1], q_state, state)
+        _, k_pipe, v_pipe = pipes
+        k_pipe.producer_tail(state.clone())  # producer_tail advances the state it is given
+        v_pipe.producer_tail(state)
+
+    @cute.jit
+    def produce_tile(self, pipes, copies, lists, m_block, h_idx, b_idx, heads, q_state, state):
+        """One Q tile's loads: Q once its buffer is free, then the listed K and V tiles;
+        returns the advanced (Q, K/V) pipeline states (a helper's advances are not carried
+        out of the caller's loop otherwise)."""
+        q_pipe, k_pipe, v_pipe = pipes
+        (tma_q, tQsQ, tQgQ), (tma_k, tKsK, tKgK), (tma_v, tVsV, tVgV) = copies
+        l_idx = h_idx + heads * b_idx
+        blocks = self.blocks_of(lists, m_block, h_idx, b_idx)
+        q_pipe.producer_acquire(q_state)
+        for half in cutlass.range_constexpr(2):
+            slot = half
+            if cutlass.const_expr(self.config.persistent):
+                slot = 2 * q_state.index + half
+            cute.copy(tma_q, tQgQ[(None, 2 * m_block + half, 0, l_idx)], tQsQ[(None, slot)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        q_pipe.producer_commit(q_state)
+        q_state.advance()
         total = walk_length(blocks, self.steps_per_block)
         for t in cutlass.range(total, unroll=1):
             n_tile, _ = self.kv_tile_of(blocks, t)
@@ -273,110 +346,174 @@ class Sm90FlexAttention:
                       tma_bar_ptr=v_pipe.producer_get_barrier(state))
             v_pipe.producer_commit(state)
             state.advance()
-        k_pipe.producer_tail(state.clone())  # producer_tail advances the state it is given
-        v_pipe.producer_tail(state)
+        return q_state, state
 
     # -------------------------------------------------------------- consumer
     @cute.jit
-    def consumer(self, q_pipe, k_pipe, v_pipe, sQ, sK, sV, qk_mma, pv_mma, blocks, tidx, wg,
-                 m_block, h_idx, b_idx, mO, mLSE, mMax, captures, q_len, kv_len):
+    def consumer(self, pipes, sQ, sK, sV, qk_mma, pv_mma, lists, walk, tidx, wg, mO, mLSE,
+                 mMax, captures, q_len, kv_len):
+        """The registers every tile reuses, then the tile (persistent: the CTA's walk)."""
         d, bn = self.head_dim, self.block_n
         ctid = tidx % THREADS_PER_WG
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
-        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
-        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((WGMMA_M, bn)), cutlass.Float32)
         acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((WGMMA_M, d)), cutlass.Float32)
-        acc_o.fill(0.0)
-        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         # P of the last tile softmaxed, in the input dtype: the A operand of O += P V
         rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
-        tOrP = cute.make_tensor(rP.iterator, as_a_operand(acc_s.layout, bn))
-        cS = qk_thr.partition_C(cute.make_identity_tensor((WGMMA_M, bn)))
-        q_base = m_block * BLOCK_M + (wg - 1) * WGMMA_M
-        row_max = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        correction = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        for r in cutlass.range_constexpr(2):
-            row_max[r] = -cutlass.Float32.inf
-            row_sum[r] = 0.0
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        q_pipe.consumer_wait(q_state)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        total = walk_length(blocks, self.steps_per_block)
-        tile_args = (cS, q_base, h_idx, b_idx, q_len, kv_len, captures)
-        if cutlass.const_expr(self.config.pipelined):
-            # tile 0's S alone; then per tile t: S_t and O += P_{t-1} V_{t-1} issued
-            # together, S_t waited for (wait_group 1) and softmaxed while the P V GEMM runs
-            if total > 0:
-                self.first_turn(wg)
-                n_tile, is_partial = self.kv_tile_of(blocks, 0)
-                k_pipe.consumer_wait(k_state)
-                self.wait_turn(wg)
-                warpgroup.fence()
-                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
-                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
-                self.pass_turn(wg)
-                warpgroup.wait_group(0)
-                k_pipe.consumer_release(k_state)
-                k_state.advance()
-                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
-                                 correction)  # O is 0: nothing to rescale
-                rP.store(acc_s.load().to(self.dtype))
-            for t in cutlass.range(1, total, unroll=1):
-                n_tile, is_partial = self.kv_tile_of(blocks, t)
-                k_pipe.consumer_wait(k_state)
-                self.wait_turn(wg)
-                warpgroup.fence()
-                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
-                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
-                v_pipe.consumer_wait(v_state)
-                warpgroup.fence()  # (else ptxas adds one: the wait's spin loop ends its view)
-                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                self.pass_turn(wg)
-                warpgroup.wait_group(1)  # S_t is in; P_{t-1} V_{t-1} may still run
-                k_pipe.consumer_release(k_state)
-                k_state.advance()
-                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
-                                 correction)
-                warpgroup.wait_group(0)  # before O and P's registers are written
-                v_pipe.consumer_release(v_state)
-                v_state.advance()
-                self.rescale(acc_o, correction)
-                rP.store(acc_s.load().to(self.dtype))
-            if total > 0:
-                v_pipe.consumer_wait(v_state)
-                self.wait_turn(wg)
-                warpgroup.fence()
-                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                self.pass_turn(wg, True)
-                warpgroup.wait_group(0)
-                v_pipe.consumer_release(v_state)
+        softmax = tuple(cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+                        for _ in range(3))  # row max, row sum, correction
+        regs = Registers(qk_thr.partition_C(cute.make_identity_tensor((WGMMA_M, bn))),
+                         qk_mma.make_fragment_A(qk_thr.partition_A(sQ)), tSrK,
+                         pv_mma.make_fragment_B(pv_thr.partition_B(sV)), acc_s, acc_o, rP,
+                         cute.make_tensor(rP.iterator, as_a_operand(acc_s.layout, bn)),
+                         *softmax)
+        states = tuple(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, n)
+                       for n in (self.config.q_stages, self.stages, self.stages))
+        q_state, k_state, v_state = states
+        out = (pv_thr, mO, mLSE, mMax, captures, q_len, kv_len)
+        if cutlass.const_expr(self.config.persistent):
+            q_tiles, heads, tiles = walk
+            self.first_turn(wg)  # the turns go on across the tiles
+            for step in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+                                      unroll=1):
+                m_block, h_idx, b_idx = persistent_tile(step, q_tiles, heads, tiles,
+                                                        cute.arch.grid_dim()[0])
+                q_state, k_state, v_state = self.consume_tile(
+                    pipes, (q_state, k_state, v_state), qk_mma, pv_mma, regs, lists, wg,
+                    m_block, h_idx, b_idx, out)
+            if cutlass.const_expr(self.config.pingpong):
+                if wg == 1:
+                    self.wait_turn(wg)  # 2's pass after the CTA's last turn
         else:
-            for t in cutlass.range(total, unroll=1):
-                n_tile, is_partial = self.kv_tile_of(blocks, t)
-                k_pipe.consumer_wait(k_state)
-                warpgroup.fence()
-                qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
-                self.issue_qk(qk_mma, acc_s, tSrQ, tSrK, wg, k_state.index)
-                warpgroup.wait_group(0)
-                k_pipe.consumer_release(k_state)
-                k_state.advance()
-                self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, row_max, row_sum,
-                                 correction)
-                self.rescale(acc_o, correction)
-                rP.store(acc_s.load().to(self.dtype))
-                v_pipe.consumer_wait(v_state)
-                warpgroup.fence()
-                self.issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                warpgroup.wait_group(0)
-                v_pipe.consumer_release(v_state)
-                v_state.advance()
-        self.finish(acc_o, row_max, row_sum, pv_thr, q_base, h_idx, b_idx, mO, mLSE, mMax,
-                    q_len)
+            m_block, h_idx, b_idx = cute.arch.block_idx()
+            self.consume_tile(pipes, states, qk_mma, pv_mma, regs, lists, wg, m_block, h_idx,
+                              b_idx, out)
+
+    @cute.jit
+    def consume_tile(self, pipes, states, qk_mma, pv_mma, regs, lists, wg, m_block, h_idx,
+                     b_idx, out):
+        """One Q tile: O, the row max and sum from zero, the mainloop, O / l stored.
+        Persistent, Q's buffer is released once the tile's last S GEMM is waited for.
+        Returns the advanced (Q, K, V) pipeline states."""
+        q_pipe = pipes[0]
+        q_state, k_state, v_state = states
+        pv_thr, mO, mLSE, mMax, captures, q_len, kv_len = out
+        regs.acc_o.fill(0.0)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        for r in cutlass.range_constexpr(2):
+            regs.row_max[r] = -cutlass.Float32.inf
+            regs.row_sum[r] = 0.0
+        q_base = m_block * BLOCK_M + (wg - 1) * WGMMA_M
+        blocks = self.blocks_of(lists, m_block, h_idx, b_idx)
+        q_slot = 0  # Q's first 64-row half in shared memory
+        if cutlass.const_expr(self.config.persistent):
+            q_slot = 2 * q_state.index
+        q_pipe.consumer_wait(q_state)
+        tile_args = (regs.cS, q_base, h_idx, b_idx, q_len, kv_len, captures)
+        mainloop = self.pipelined_tiles if self.config.pipelined else self.serial_tiles
+        k_state, v_state = mainloop(pipes, q_state, k_state, v_state, qk_mma, pv_mma, regs,
+                                    blocks, wg, q_slot, tile_args)
+        q_state.advance()
+        self.finish(regs.acc_o, regs.row_max, regs.row_sum, pv_thr, q_base, h_idx, b_idx, mO,
+                    mLSE, mMax, q_len)
+        return q_state, k_state, v_state
+
+    @cute.jit
+    def release_q(self, q_pipe, q_state):
+        """Persistent: the tile's last S GEMM is waited for, Q's buffer may be refilled."""
+        if cutlass.const_expr(self.config.persistent):
+            q_pipe.consumer_release(q_state)
+
+    @cute.jit
+    def pipelined_tiles(self, pipes, q_state, k_state, v_state, qk_mma, pv_mma, regs, blocks,
+                        wg, q_slot, tile_args):
+        """Tile 0's S alone; then per KV tile t: S_t and O += P_{t-1} V_{t-1} issued
+        together, S_t waited for (wait_group 1) and softmaxed while the P V GEMM runs; the
+        last P V. Returns the advanced K and V states."""
+        q_pipe, k_pipe, v_pipe = pipes
+        bn = self.block_n
+        acc_s, acc_o, rP = regs.acc_s, regs.acc_o, regs.rP
+        softmax = (regs.row_max, regs.row_sum, regs.correction)
+        total = walk_length(blocks, self.steps_per_block)
+        if total > 0:
+            if cutlass.const_expr(not self.config.persistent):
+                self.first_turn(wg)
+            n_tile, is_partial = self.kv_tile_of(blocks, 0)
+            k_pipe.consumer_wait(k_state)
+            self.wait_turn(wg)
+            warpgroup.fence()
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+            self.issue_qk(qk_mma, acc_s, regs.tSrQ, regs.tSrK, wg, q_slot, k_state.index)
+            self.pass_turn(wg)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(k_state)
+            k_state.advance()
+            self.scores_step(acc_s, is_partial, n_tile * bn, tile_args,
+                             *softmax)  # O is 0: nothing to rescale
+            rP.store(acc_s.load().to(self.dtype))
+        for t in cutlass.range(1, total, unroll=1):
+            n_tile, is_partial = self.kv_tile_of(blocks, t)
+            k_pipe.consumer_wait(k_state)
+            self.wait_turn(wg)
+            warpgroup.fence()
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+            self.issue_qk(qk_mma, acc_s, regs.tSrQ, regs.tSrK, wg, q_slot, k_state.index)
+            v_pipe.consumer_wait(v_state)
+            warpgroup.fence()  # (else ptxas adds one: the wait's spin loop ends its view)
+            self.issue_pv(pv_mma, acc_o, regs.tOrP, regs.tOrV, v_state.index)
+            self.pass_turn(wg)
+            warpgroup.wait_group(1)  # S_t is in; P_{t-1} V_{t-1} may still run
+            k_pipe.consumer_release(k_state)
+            k_state.advance()
+            self.scores_step(acc_s, is_partial, n_tile * bn, tile_args, *softmax)
+            warpgroup.wait_group(0)  # before O and P's registers are written
+            v_pipe.consumer_release(v_state)
+            v_state.advance()
+            self.rescale(acc_o, regs.correction)
+            rP.store(acc_s.load().to(self.dtype))
+        self.release_q(q_pipe, q_state)
+        if total > 0:
+            v_pipe.consumer_wait(v_state)
+            self.wait_turn(wg)
+            warpgroup.fence()
+            self.issue_pv(pv_mma, acc_o, regs.tOrP, regs.tOrV, v_state.index)
+            self.pass_turn(wg, not self.config.persistent)
+            warpgroup.wait_group(0)
+            v_pipe.consumer_release(v_state)
+            v_state.advance()
+        return k_state, v_state
+
+    @cute.jit
+    def serial_tiles(self, pipes, q_state, k_state, v_state, qk_mma, pv_mma, regs, blocks, wg,
+                     q_slot, tile_args):
+        """Per KV tile: S, softmax, P V, each GEMM waited for at once. Returns the advanced
+        K and V states."""
+        q_pipe, k_pipe, v_pipe = pipes
+        acc_s, acc_o, rP = regs.acc_s, regs.acc_o, regs.rP
+        softmax = (regs.row_max, regs.row_sum, regs.correction)
+        total = walk_length(blocks, self.steps_per_block)
+        for t in cutlass.range(total, unroll=1):
+            n_tile, is_partial = self.kv_tile_of(blocks, t)
+            k_pipe.consumer_wait(k_state)
+            warpgroup.fence()
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)  # S from zero
+            self.issue_qk(qk_mma, acc_s, regs.tSrQ, regs.tSrK, wg, q_slot, k_state.index)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(k_state)
+            k_state.advance()
+            self.scores_step(acc_s, is_partial, n_tile * self.block_n, tile_args, *softmax)
+            self.rescale(acc_o, regs.correction)
+            rP.store(acc_s.load().to(self.dtype))
+            v_pipe.consumer_wait(v_state)
+            warpgroup.fence()
+            self.issue_pv(pv_mma, acc_o, regs.tOrP, regs.tOrV, v_state.index)
+            warpgroup.wait_group(0)
+            v_pipe.consumer_release(v_state)
+            v_state.advance()
+        self.release_q(q_pipe, q_state)
+        return k_state, v_state
 
     # ----------------------------------------------------- ping-pong turns
     # With ``config.pingpong`` the consumer warpgroups take turns issuing their GEMMs, so
@@ -407,12 +544,13 @@ class Sm90FlexAttention:
                                       num_threads=2 * THREADS_PER_WG).arrive()
 
     @cute.jit
-    def issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, wg, stage):
-        """S (+)= Q K^T of warpgroup ``wg``'s rows and K's ring slot ``stage``, committed as
+    def issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, wg, q_slot, stage):
+        """S (+)= Q K^T of warpgroup ``wg``'s rows of the Q tile at half ``q_slot`` and K's
+        ring slot ``stage``, committed as
         one WGMMA group (not waited for). The caller clears ACCUMULATE in its own body: a
         TiledMma set only inside a helper is not carried out of the caller's loop or branch."""
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, wg - 1)],
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, q_slot + wg - 1)],
                       tSrK[(None, None, kb, stage)], acc_s)
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()

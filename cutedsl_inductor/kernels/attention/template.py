@@ -65,7 +65,8 @@ class {{kernel_name}}_Flex(Sm90FlexAttention):
     kernel = {{kernel_name}}_Flex(FlexConfig(
         head_dim=HEAD_DIM, block_n=BLOCK_N, stages=STAGES, sparse_q_block=SPARSE_Q_BLOCK,
         sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE,
-        pipelined=PIPELINED, pingpong=PINGPONG))
+        pipelined=PIPELINED, pingpong=PINGPONG
+        {{- ", persistent=PERSISTENT" if PERSISTENT is defined else ""}}))
     kernel(q, k, v, {{get_output()}}, lse, max, kv_num_blocks, kv_indices, full_kv_num_blocks,
            full_kv_indices, {{modification_inputs()}}, stream)
 '''
@@ -118,7 +119,7 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
                                   int(options["SPARSE_KV_BLOCK_SIZE"]),
                                   bool(options["HAS_FULL_BLOCKS"]),
                                   float(options["SM_SCALE"]), config.flex_pipelined,
-                                  config.flex_pingpong)
+                                  config.flex_pingpong, config.flex_persistent)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -139,7 +140,10 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
 
 
 def params_of(cfg: FlexConfig) -> Params:
+    """The template's parameters; PERSISTENT only where on, so that the other configs'
+    sources (and cache keys) stay those of before the knob."""
+    persistent = dict(PERSISTENT=True) if cfg.persistent else {}
     return Params.of(dict(HEAD_DIM=cfg.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
                 SPARSE_Q_BLOCK=cfg.sparse_q_block, SPARSE_KV_BLOCK=cfg.sparse_kv_block,
                 HAS_FULL_BLOCKS=cfg.has_full_blocks, SM_SCALE=cfg.sm_scale,
-                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong))
+                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong, **persistent))

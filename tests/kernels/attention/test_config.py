@@ -32,3 +32,15 @@ def test_default_configs_fit_the_blockmask():
     assert [c.block_n for c in default_configs(64, 128, 128, True, 0.1)] == [128, 64]
     assert [c.block_n for c in default_configs(128, 128, 64, False, 0.1)] == [64]
     assert default_configs(128, 64, 128, True, 0.1) == []  # Q blocks smaller than the tile
+
+
+def test_persistent_configs_hold_two_q_tiles():
+    """The next tile's Q loads while one tile runs: a second Q buffer, which a ring that
+    just fits beside one does not leave room for."""
+    assert config(persistent=True).smem_bytes() - config().smem_bytes() == 128 * 128 * 2
+    config(block_n=64, stages=5)
+    with pytest.raises(ValueError, match="shared memory"):
+        config(block_n=64, stages=5, persistent=True)
+    offered = default_configs(128, 128, 128, True, 0.1, persistent=True)
+    assert [(c.block_n, c.persistent) for c in offered] == [(128, True), (64, True)]
+    assert not any(c.persistent for c in default_configs(128, 128, 128, True, 0.1))

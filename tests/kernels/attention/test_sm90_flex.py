@@ -3,9 +3,16 @@ pipelined, the next tile's S GEMM and the last tile's P V GEMM are both in fligh
 (``wait_group 1``) while the softmax's exp2s run, and O's wait (``wait_group 0``) comes
 after them; serial, every GEMM is waited for at once. (ptxas could still move the wait
 up in SASS: ``scores_step`` keeps the softmax out of the block the wait sits in, which
-these PTX checks cannot see.)"""
+these PTX checks cannot see.)
+
+Persistent (``FlexConfig.persistent``): the producer's and the consumers' grid-stride tile
+loops, the producer's Q load behind a wait for Q's empty barrier inside its loop, the
+consumers' release of Q's buffer, the ping-pong turns going on across tiles; compiled for
+both head dims, causal and unmasked, its SASS with no stack frame (``cuobjdump
+--dump-resource-usage``)."""
 
 import re
+import subprocess
 
 import cutlass
 from cutlass import cute
@@ -15,6 +22,7 @@ from cutlass.runtime import make_fake_stream
 
 from cutedsl_inductor.kernels.attention.config import FlexConfig
 from cutedsl_inductor.kernels.attention.sm90_flex import Sm90FlexAttention
+from tests.helpers import cuobjdump
 
 B, H, S = 2, 4, 1024
 WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);")
@@ -41,16 +49,17 @@ def _contiguous(dtype, shape):
     return make_fake_tensor(dtype, shape, tuple(strides), assumed_align=16)
 
 
-def _ptx(cfg, directory):
-    """The PTX of the causal kernel for ``cfg`` (bf16, B x H x S, one 128 block)."""
+def _ptx(cfg, directory, kernel=Causal):
+    """The PTX of the causal kernel for ``cfg`` (bf16, B x H x S, one 128 block; its
+    cubin beside it)."""
     directory.mkdir()
     q = _contiguous(cutlass.BFloat16, (B, H, S, cfg.head_dim))
     rows = _contiguous(cutlass.Float32, (B, H, S))
     num = _contiguous(cutlass.Int32, (B, H, S // 128))
     idx = _contiguous(cutlass.Int32, (B, H, S // 128, S // 128))
-    cute.compile(Causal(cfg), q, q, q, q, rows, rows, num, idx, num, idx, (),
+    cute.compile(kernel(cfg), q, q, q, q, rows, rows, num, idx, num, idx, (),
                  make_fake_stream(use_tvm_ffi_env_stream=True),
-                 options=f"--enable-tvm-ffi --keep-ptx --dump-dir={directory}")
+                 options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={directory}")
     (ptx,) = directory.glob("*.ptx")
     return ptx.read_text()
 
@@ -105,3 +114,73 @@ def test_pingpong_turns_hold_each_warpgroups_gemm_issue_and_pair_every_arrive(tm
         assert MMA.search(turn) and "ex2.approx" not in turn
     plain = _ptx(_config(True), tmp_path / "plain")  # its bar.syncs: barrier 0, all threads
     assert "bar.arrive" not in plain and not re.search(r"\bbar\.sync\s+%r\d+", plain)
+
+
+def _persistent(head_dim=128, block_n=128, **fields):
+    return FlexConfig(head_dim, block_n, 2, 128, 128, True, 0.125, persistent=True, **fields)
+
+
+def _outermost_loop(ptx):
+    """The body of the loop whose backward branch goes furthest back."""
+    labels = {m.group(1): m.start() for m in re.finditer(r"^(\$L__BB\d+_\d+):", ptx, re.M)}
+    branches = re.finditer(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ptx)
+    loops = [(labels[m.group(1)], m.end()) for m in branches
+             if labels.get(m.group(1), len(ptx)) < m.start()]
+    start, end = min(loops, key=lambda loop: loop[0] - loop[1])
+    return ptx[start:end]
+
+
+def _stack_and_registers(directory):
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
+    (cubin,) = directory.glob("*.cubin")
+    usage = subprocess.run([tool, "--dump-resource-usage", str(cubin)], check=True,
+                           capture_output=True, text=True).stdout
+    ((regs, stack),) = re.findall(r"REG:(\d+) STACK:(\d+)", usage)
+    return int(stack), int(regs)
+
+
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_the_persistent_kernel_walks_tiles_and_refills_q_while_one_runs(tmp_path, pingpong):
+    ptx = _ptx(_persistent(pingpong=pingpong), tmp_path / "persistent")
+    producer = ptx[ptx.index("setmaxnreg.dec"):ptx.index("setmaxnreg.inc")]
+    consumers = ptx[ptx.index("setmaxnreg.inc"):]
+    # each role's outermost loop (tile += gridDim.x) holds a whole tile's work: the
+    # producer's wait for Q's buffer (its empty barrier) before Q's TMA loads, then K's
+    # and V's; the consumers' GEMMs and O's store
+    producer_tile, consumer_tile = (_outermost_loop(role) for role in (producer, consumers))
+    assert "%nctaid.x" in producer and "%nctaid.x" in consumers
+    loads = "cp.async.bulk.tensor"
+    assert producer_tile.index("mbarrier.try_wait") < producer_tile.index(loads)
+    assert producer_tile.count(loads) == producer.count(loads)  # Q's too, not K's, V's alone
+    assert "wgmma.mma_async" in consumer_tile and "st.global" in consumer_tile
+    if pingpong:  # 2's arrive before the walk, 3 turns a tile, 1 takes 2's last pass after
+        turns = re.compile(r"\bbar(?:rier)?\.(sync|arrive)(?:\.aligned)?\s+\S+,\s*256;")
+        before, after = consumers.split(consumer_tile)
+        assert [m.group(1) for m in turns.finditer(before)] == ["arrive"]
+        assert [m.group(1) for m in turns.finditer(consumer_tile)] == ["sync", "arrive"] * 3
+        assert [m.group(1) for m in turns.finditer(after)] == ["sync"]
+    # the consumers release Q's buffer: one arrive site more than the non-persistent kernel
+    plain = _ptx(FlexConfig(128, 128, 2, 128, 128, True, 0.125, pingpong=pingpong),
+                 tmp_path / "plain")
+    arrives = [len(re.findall(r"mbarrier\.arrive\.shared\.b64", text)) for text in (ptx, plain)]
+    assert arrives[0] == arrives[1] + 1
+    assert "%nctaid" not in plain
+
+
+class Unmasked(Sm90FlexAttention):
+    pass
+
+
+@pytest.mark.parametrize("kernel", [Causal, Unmasked])
+@pytest.mark.parametrize("head_dim, block_n, pipelined", [(128, 128, True), (64, 64, True),
+                                                          (128, 128, False)])
+def test_the_persistent_kernel_keeps_its_values_in_registers(tmp_path, kernel, head_dim,
+                                                              block_n, pipelined):
+    """No stack frame (no spills, no local memory) in the persistent kernel, as in the
+    non-persistent one."""
+    cfg = _persistent(head_dim, block_n, pipelined=pipelined, pingpong=pipelined)
+    _ptx(cfg, tmp_path / "persistent", kernel)
+    stack, regs = _stack_and_registers(tmp_path / "persistent")
+    assert stack == 0, f"{stack} stack bytes ({regs} registers)"

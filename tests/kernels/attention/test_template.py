@@ -7,7 +7,7 @@ with the reason."""
 import pytest
 import torch
 
-from cutedsl_inductor import counters
+from cutedsl_inductor import config, counters
 from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.helpers import make_input, make_layout
 from tests.template.test_subgraph import (
@@ -65,6 +65,36 @@ def test_the_kernel_compiles(graph, dtype, head_dim, mods):
         assert "captures[0][" in kernel
     if mods == "causal":
         assert " >= " in kernel
+
+
+@pytest.mark.parametrize("mods", ["none", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_persistent_kernel_compiles(graph, head_dim, mods):
+    """``config.flex_persistent``: both offered configs persistent, compiled."""
+    nodes, layout, subgraphs = flex_inputs(graph, torch.bfloat16, head_dim, MODS[mods])
+    choices = []
+    with config.patch(flex_persistent=True):
+        assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert len(choices) == 2
+    for choice in choices:
+        assert "persistent=PERSISTENT" in choice.source
+        choice.load()
+
+
+def test_the_persistent_knob_off_leaves_the_source_as_before(graph):
+    """Off (the default), the rendered source names no persistence, so the configs of
+    before the knob keep their sources; on, the PERSISTENT define and the config's field
+    are all that differ."""
+    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
+    sources = {}
+    for on in (False, True):
+        choices = []
+        with config.patch(flex_persistent=on):
+            assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
+    assert "persistent" not in sources[False].lower()
+    assert sources[True].replace("PERSISTENT: cutlass.Constexpr = True\n", "").replace(
+        ", persistent=PERSISTENT", "") == sources[False]
 
 
 def test_one_huge_block_without_full_blocks_compiles(graph):
