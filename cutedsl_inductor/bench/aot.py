@@ -72,7 +72,9 @@ def stages(case: Case, args: argparse.Namespace, scratch: Path) -> list[Stage]:
         payload = {"package": str(case.package(variant)), "inputs": str(folder / "inputs.pt"),
                    "reference": str(folder / "reference.pt"),
                    "check_stride": case.check_stride}
-        result.append(Stage(f"load {variant}", (*run, "load", json.dumps(payload))))
+        # traced: a load or first launch that dies names its step in the stage's log
+        result.append(Stage(f"load {variant}", (*run, "load", json.dumps(payload)),
+                            (("CUTEDSL_AOT_TRACE", "1"),)))
     payload = {"packages": [str(case.package(v)) for v in VARIANTS],
                "inputs": str(folder / "inputs.pt"), "rounds": args.rounds,
                "steps": args.steps, "warmup": args.warmup}

@@ -20,6 +20,10 @@ throws ``std::runtime_error`` with TVM-FFI's error kind and message, which AOTIn
 turns into its run's error code. The declarations below are the parts of TVM-FFI's C ABI
 (apache-tvm-ffi's ``tvm/ffi/c_api.h``, ABI-stable) and DLPack's ``DLTensor`` a launch
 uses, so the wrapper needs neither project's headers.
+
+Tracing: with ``CUTEDSL_AOT_TRACE`` set (to anything but ``0``) in the process that
+loads the package, each load step and each launch writes one line to stderr (flushed),
+so a process that dies inside one shows which (docs/aot.md). Read once per process.
 """
 
 CPP_RUNTIME = r"""
@@ -27,6 +31,9 @@ CPP_RUNTIME = r"""
 #include <dlfcn.h>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -61,6 +68,21 @@ using DecRef = int (*)(void*);
 
 struct Library { const char* soname; const char* file; };
 
+inline bool tracing() {
+  static const bool on = [] {
+    const char* value = std::getenv("CUTEDSL_AOT_TRACE");
+    return value != nullptr && std::strcmp(value, "0") != 0;
+  }();
+  return on;
+}
+
+inline void trace(const char* what, const std::string& detail) {
+  if (tracing()) {
+    std::fprintf(stderr, "[cutedsl_aot] %s %s\n", what, detail.c_str());
+    std::fflush(stderr);
+  }
+}
+
 struct Kernel {
   const char* file;
   const char* symbol;
@@ -93,14 +115,19 @@ inline void* symbol(void* handle, const char* name, const std::string& path) {
 template <size_t R>
 void load(Kernel& kernel, const Library (&runtime)[R], const std::optional<std::string>& folder) {
   for (const Library& library : runtime) {
-    if (dlopen(library.soname, RTLD_NOW | RTLD_NOLOAD) != nullptr) continue;
+    if (dlopen(library.soname, RTLD_NOW | RTLD_NOLOAD) != nullptr) {
+      trace("already loaded:", library.soname);
+      continue;
+    }
     std::string path = located(library.file, folder);
+    trace("loading", path);
     if (dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
       throw std::runtime_error("cannot load " + std::string(library.soname) + " for CuteDSL "
                                "kernels from " + path + ": " + dlerror());
     }
   }
   std::string path = located(kernel.file, folder);
+  trace("loading", path);
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     throw std::runtime_error("cannot load CuteDSL kernel " + path + ": " + dlerror());
@@ -177,7 +204,9 @@ void launch(Kernel& kernel, const Library (&runtime)[R],
   }
   FFIAny result{};
   result.type_index = kFFINone;
+  trace("calling", kernel.symbol);
   int status = kernel.call(nullptr, packed, static_cast<int32_t>(N), &result);
+  trace("returned", std::to_string(status));
   kernel.set_stream(device.device_type, device.device_id, previous, nullptr);
   if (status != 0) raise(kernel, "failed");
 }

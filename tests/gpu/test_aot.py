@@ -9,6 +9,7 @@ constants, and ALiBi slopes, a buffer its score_mod captures: out and LSE (docs/
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -76,7 +77,7 @@ def loaded_without_cute_dsl(package, calls, tmp_path):
     run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", LOAD_WITHOUT_CUTE_DSL,
                           package, str(inputs),
                           str(tmp_path / "out.pt")], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env={**os.environ, "CUTEDSL_AOT_TRACE": "1"})
     assert run.returncode == 0, run.stderr[-4000:]
     print(json.dumps({"kernels_of_ours": len(ours), "child": run.stdout.strip()}))
     return torch.load(tmp_path / "out.pt")

@@ -221,7 +221,7 @@ int main() {{
 DLPACK = {"float32": (2, 32), "bfloat16": (4, 16), "int32": (0, 32)}
 
 
-def driven(code, tensors, tmp_path):
+def driven(code, tensors, tmp_path, env=None):
     """What the launch of the wrapper's one kernel says, made from a C++ program (torch's
     C shim, no Python) with CPU tensors of ``tensors`` ((sizes, dtype) each, contiguous),
     loaded as the wrapper loads it: runtime libraries by SONAME or file, the kernel
@@ -247,9 +247,9 @@ def driven(code, tensors, tmp_path):
                     "-o", str(tmp_path / "driver"), f"-L{TORCH_LIB}", "-ltorch_cpu", "-lc10",
                     f"-Wl,-rpath,{TORCH_LIB}", "-ldl"], check=True, timeout=600)
     run = subprocess.run([str(tmp_path / "driver")], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=None if env is None else {**os.environ, **env})
     assert run.returncode == 0, run.stderr[-2000:]
-    return run.stdout
+    return run.stdout + run.stderr
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -262,6 +262,18 @@ def test_the_launch_reaches_the_kernels_own_argument_checks(cpp_lowering, tmp_pa
     said = driven(code, [(shape, "float32")] * 3, tmp_path)
     assert "ValueError: Mismatched Tensor on argument #0" in said
     assert ("expected ndim=2" if rank == 3 else "expected device_type=cuda") in said
+    assert "[cutedsl_aot]" not in said
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_with_cutedsl_aot_trace_each_load_step_and_launch_says_so(cpp_lowering, tmp_path):
+    """A deployed process that dies inside a step shows which (stderr, flushed)."""
+    code, _ = generated(add_relu, (64, 128), (64, 128), aot_mode=False)
+    said = driven(code, [((64, 128), "float32")] * 3, tmp_path, {"CUTEDSL_AOT_TRACE": "1"})
+    steps = [line.split()[1] for line in said.splitlines() if line.startswith("[cutedsl_aot]")]
+    # this C++ program has loaded neither runtime library: both come from their files
+    assert steps == ["loading"] * 3 + ["calling", "returned"], said
+    assert "libcute_dsl_runtime.so" in said and "__tvm_ffi_cutedsl_" in said
 
 
 # FlexAttention's forward (``tests/inductor/flex_graphs.py``: B, H, S, D = 2, 4, 200, 64)
