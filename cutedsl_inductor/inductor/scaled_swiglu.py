@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch._inductor.select_algorithm import ExternKernelChoice
 
+from .fx_nodes import bound
 from .swiglu import select_or_decompose, silu_times
 
 aten = torch.ops.aten
@@ -106,22 +107,9 @@ def _lower_decomposed(x: Any, w_gate: Any, w_up: Any, scale_x: Any, scale_gate: 
 
 
 # ------------------------------------------------------------------ the pair in a graph
-def scaled_mm_arguments(node: torch.fx.Node) -> dict[str, Any]:
-    """A ``_scaled_mm`` call's arguments by their schema names, defaults filled in."""
-    arguments = {}
-    for i, argument in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            arguments[argument.name] = node.args[i]
-        elif argument.name in node.kwargs:
-            arguments[argument.name] = node.kwargs[argument.name]
-        else:
-            arguments[argument.name] = argument.default_value
-    return arguments
-
-
 def scaled_pair_error(gate: torch.fx.Node, up: torch.fx.Node) -> str | None:
     """Why two ``_scaled_mm`` are no FP8 SwiGLU pair of one x, or None."""
-    calls = [scaled_mm_arguments(gate), scaled_mm_arguments(up)]
+    calls = [bound(gate), bound(up)]
     for call in calls:
         if call["bias"] is not None or call["scale_result"] is not None:
             return "a _scaled_mm with a bias or an output scale"

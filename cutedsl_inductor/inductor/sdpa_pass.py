@@ -40,6 +40,7 @@ import torch
 from .. import config
 from ..compile.compiler import target_arch
 from . import sdpa_ops  # noqa: F401  (registers torch.ops.cutedsl.sdpa*)
+from .fx_nodes import bound
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,6 @@ class Pair:
     is_causal: bool
     scale: float
     backends: str
-
-
-def bound(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in."""
-    values = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            values[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            values[arg.name] = node.kwargs[arg.name]
-        else:
-            values[arg.name] = arg.default_value if arg.has_default_value() else None
-    return values
 
 
 def _outputs(node: torch.fx.Node) -> dict[int, list[torch.fx.Node]] | None:

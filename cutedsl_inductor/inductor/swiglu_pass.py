@@ -33,7 +33,8 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from .. import config
 from ..compile.compiler import target_arch
 from .cache_key import cutedsl_gemm_enabled, fingerprint
-from .scaled_swiglu import lower_scaled_swiglu_mm, scaled_mm_arguments, scaled_pair_error
+from .fx_nodes import bound
+from .scaled_swiglu import lower_scaled_swiglu_mm, scaled_pair_error
 from .swiglu import lower_swiglu_mm
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _fused(graph: torch.fx.Graph, gate: Any, up: Any) -> Any:
     if gate.target == aten.mm.default:
         op, args = torch.ops.cutedsl.swiglu_mm.default, (*gate.args, up.args[1])
     else:
-        gate_call, up_call = scaled_mm_arguments(gate), scaled_mm_arguments(up)
+        gate_call, up_call = bound(gate), bound(up)
         op = torch.ops.cutedsl.scaled_swiglu_mm.default
         args = (gate_call["self"], gate_call["mat2"], up_call["mat2"], gate_call["scale_a"],
                 gate_call["scale_b"], up_call["scale_b"], gate.meta["val"].dtype)

@@ -38,16 +38,6 @@ def norm_error(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def assert_no_element_off(out, ref):
-    """Each value within 2^-6 of its own magnitude plus 2^-8 of the largest (rounding
-    and accumulation order stay far inside; a lost partial sum does not)."""
-    error = (out.double() - ref).abs()
-    off = (error > 2.0**-6 * ref.abs() + 2.0**-8 * ref.abs().max()).nonzero()
-    assert len(off) == 0, f"{len(off)} of {out.numel()} values off, the first at " + ", ".join(
-        f"{tuple(i)}: {out[tuple(i)].item():g} for {ref[tuple(i)].item():g}"
-        for i in off[:4].tolist())
-
-
 def fp8_inputs(m, n, k, recipe, a_dtype=E4M3, b_dtype=E4M3, bias_dtype=None):
     """(a, b, scale_a, scale_b[, bias]) as ``_scaled_mm`` takes them: b the (K, N)
     column-major view of an (N, K) weight."""
@@ -352,30 +342,12 @@ def test_a_torchao_float8_swiglu_mlp_calls_our_fp8_swiglu_kernel(recipe):
     """A float8 SwiGLU MLP (torchao's inference config, or a training recipe's no-grad
     forward) compiled with ``config.fp8_swiglu``: x's two quantizations are one, the
     SwiGLU one kernel of ours (only ours autotuned), matching eager float8."""
-    float8 = pytest.importorskip("torchao.float8")
-    quantization = pytest.importorskip("torchao.quantization")
-
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1, self.w3, self.w2 = (torch.nn.Linear(i, o, bias=False)
-                                         for i, o in ((1024, 2048), (1024, 2048), (2048, 1024)))
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+    from tests.inductor.test_scaled_swiglu import SwigluMLP, to_float8
 
     torch.manual_seed(0)
-    mlp = MLP().to(device="cuda", dtype=torch.bfloat16)
-    kind, scaling = recipe.split("-")
-    if kind == "training":
-        float8.convert_to_float8_training(
-            mlp, config=float8.Float8LinearConfig.from_recipe_name(scaling))
-    else:
-        granularity = (quantization.PerRow() if scaling == "rowwise"
-                       else quantization.PerTensor())
-        quantization.quantize_(mlp, quantization.Float8DynamicActivationFloat8WeightConfig(
-            granularity=granularity))
-    x = torch.randn(4, 128, 1024, device="cuda", dtype=torch.bfloat16)
+    mlp = SwigluMLP().to(device="cuda")
+    to_float8(mlp, recipe)
+    x = torch.randn(4, 128, mlp.w1.in_features, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         expected = mlp(x)
         with torch._inductor.config.patch(

@@ -44,23 +44,29 @@ class SwigluMLP(nn.Module):
 def float8_mlp(recipe, mode, **kwargs):
     """The MLP with fake CUDA weights (no grad: autograd cannot record fake CUDA tensors
     in a CPU build), converted by torchao as ``recipe`` says."""
-    float8 = pytest.importorskip("torchao.float8")
-    quantization = pytest.importorskip("torchao.quantization")
     mlp = SwigluMLP(**kwargs)
     with mode:
         for linear in (mlp.w1, mlp.w3, mlp.w2):
             linear.weight = nn.Parameter(torch.empty(linear.weight.shape, device="cuda",
                                                      dtype=BF16), requires_grad=False)
-        kind, scaling = recipe.split("-")
-        if kind == "training":
-            float8.convert_to_float8_training(
-                mlp, config=float8.Float8LinearConfig.from_recipe_name(scaling))
-        else:
-            granularity = (quantization.PerRow() if scaling == "rowwise"
-                           else quantization.PerTensor())
-            quantization.quantize_(mlp, quantization.Float8DynamicActivationFloat8WeightConfig(
-                granularity=granularity))
+        to_float8(mlp, recipe)
     return mlp
+
+
+def to_float8(mlp, recipe):
+    """``mlp`` converted by torchao as ``recipe`` ("inference-" or "training-", then
+    "rowwise" or "tensorwise") says."""
+    float8 = pytest.importorskip("torchao.float8")
+    quantization = pytest.importorskip("torchao.quantization")
+    kind, scaling = recipe.split("-")
+    if kind == "training":
+        float8.convert_to_float8_training(
+            mlp, config=float8.Float8LinearConfig.from_recipe_name(scaling))
+    else:
+        granularity = (quantization.PerRow() if scaling == "rowwise"
+                       else quantization.PerTensor())
+        quantization.quantize_(mlp, quantization.Float8DynamicActivationFloat8WeightConfig(
+            granularity=granularity))
 
 
 @contextlib.contextmanager

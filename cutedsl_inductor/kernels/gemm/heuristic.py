@@ -261,17 +261,8 @@ def fp8_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
     rows), each config once; an FP8 stage holds no more bytes than the 16-bit one it
     comes from, so every one fits. Tiles of more than ``_FP8_MAX_ACC_REGS``
     accumulator registers per thread are left out. ``out_dtype`` defaults to bf16."""
-    out: list[GemmConfig] = []
-    for cfg in pick_configs(m, n, k, dtype, max_configs=None, l=l,
-                            out_dtype=out_dtype or "bf16"):
-        if cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
-            continue
-        cfg = cfg.replace(tile_k=_FP8_TILE_K, fp8=True)
-        if cfg not in out:
-            out.append(cfg)
-        if max_configs is not None and len(out) >= max_configs:
-            break
-    return out
+    return _as_fp8(pick_configs(m, n, k, dtype, max_configs=None, l=l,
+                                out_dtype=out_dtype or "bf16"), 1, max_configs)
 
 
 def fp8_swiglu_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
@@ -282,10 +273,17 @@ def fp8_swiglu_configs(m: int, n: int, k: int, dtype: Any = "e4m3",
     :func:`fp8_configs`), each config once. Tiles whose two accumulators together take
     more than ``_FP8_MAX_ACC_REGS`` registers per thread are left out (the three scales'
     values sit next to them). ``out_dtype`` defaults to bf16."""
+    return _as_fp8(swiglu_configs(m, n, k, dtype, max_configs=None, l=l,
+                                  out_dtype=out_dtype or "bf16"), 2, max_configs)
+
+
+def _as_fp8(ranked: list[GemmConfig], accumulators: int,
+            max_configs: Optional[int]) -> list[GemmConfig]:
+    """``ranked`` with FP8's K tile, each config once, those whose ``accumulators``
+    accumulator tiles take more than ``_FP8_MAX_ACC_REGS`` registers a thread left out."""
     out: list[GemmConfig] = []
-    for cfg in swiglu_configs(m, n, k, dtype, max_configs=None, l=l,
-                              out_dtype=out_dtype or "bf16"):
-        if 2 * cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
+    for cfg in ranked:
+        if accumulators * cfg.tile_m * cfg.tile_n > _FP8_MAX_ACC_REGS * 128 * cfg.tile_wgs:
             continue
         cfg = cfg.replace(tile_k=_FP8_TILE_K, fp8=True)
         if cfg not in out:
