@@ -32,7 +32,6 @@ DEFER_ENV = "_CUTEDSL_INDUCTOR_DEFER_LOAD"
 _LOADED_NAMES = {
     "autotune_select_algorithm": ".autotune.select",
     "install": ".inductor.install",
-    "CuteDSLCombinedScheduling": ".inductor.scheduling",
     "CuteDSLScheduling": ".inductor.scheduling",
     "CuteDSLKernelWrapper": ".runtime.wrapper",
     "CuteDSLTemplateBuffer": ".template.buffer",
@@ -40,6 +39,10 @@ _LOADED_NAMES = {
     "CuteDSLTemplateKernel": ".template.kernel",
     "CuteDSLTemplate": ".template.template",
 }
+# names imported only where asked for, after ``load()``: ``CuteDSLCombinedScheduling``'s
+# module imports Inductor's CUDA scheduling, which imports CuTe DSL on torch 2.14 and 2.15
+# (``inductor/combined.py``), and a warm process does without both
+_FIRST_USE_NAMES = {"CuteDSLCombinedScheduling": ".inductor.combined"}
 _loaded = False
 
 
@@ -64,9 +67,16 @@ def load() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """A name ``load()`` defines, where the import deferred it."""
+    """A name ``load()`` defines, where the import deferred it, or one of
+    ``_FIRST_USE_NAMES``."""
     if name in _LOADED_NAMES and os.environ.get(WORKER_ENV) != "1":
         load()
+        return globals()[name]
+    if name in _FIRST_USE_NAMES and os.environ.get(WORKER_ENV) != "1":
+        import importlib
+
+        load()
+        globals()[name] = getattr(importlib.import_module(_FIRST_USE_NAMES[name], __name__), name)
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -74,4 +84,5 @@ def __getattr__(name: str) -> Any:
 if os.environ.get(WORKER_ENV) != "1" and os.environ.get(DEFER_ENV) != "1":
     load()
 
-__all__ = ["TESTED_TORCH", "__version__", "untested_torch", "load", *_LOADED_NAMES]
+__all__ = ["TESTED_TORCH", "__version__", "untested_torch", "load", *_LOADED_NAMES,
+           *_FIRST_USE_NAMES]

@@ -1,7 +1,9 @@
 """``install()``: what importing the package does to Inductor (idempotent).
 
-It registers ``CuteDSLCombinedScheduling`` for CUDA devices (replacing only the
-scheduling of the registered ``DeviceCodegen``), our part of the FX graph cache key
+It registers ``CuteDSLCombinedScheduling`` for CUDA devices (``cuda_scheduling``: only
+the scheduling of the ``DeviceCodegen`` torch registers, made where torch's registration
+has not run yet, without importing Inductor's CUDA scheduling: ``combined.py`` says why),
+our part of the FX graph cache key
 (``cache_key``), our GEMM choices (``choices``), our FlexAttention choice in
 flex_attention's lowering (``flex``, off unless asked for), the wrap of ``_scaled_mm``'s
 lowering that our FP8 choices read its call from (``scaled_mm``), the clock settling before
@@ -36,13 +38,12 @@ from .coordesc import install_coordesc_reuse
 from .flex import install_flex
 from .multi_template import install_distributed_schedule, install_pre_fusion_pass
 from .scaled_mm import install_scaled_mm
-from .scheduling import CuteDSLCombinedScheduling
 from .sdpa import install_sdpa
 from .swiglu_pass import install_swiglu
 
 
 def install() -> None:
-    common.init_backend_registration()
+    install_cuda_scheduling()  # first: registering "cuda" clears its pass, where swiglu adds ours
     install_cache_key()
     install_choices()
     install_flex()
@@ -54,11 +55,30 @@ def install() -> None:
     install_sdpa()
     install_coordesc_reuse()
     install_workers_ahead()
-    current = common.device_codegens["cuda"]
-    if current.scheduling is not CuteDSLCombinedScheduling:
-        common.device_codegens["cuda"] = dataclasses.replace(
-            current, scheduling=CuteDSLCombinedScheduling
-        )
+
+
+def install_cuda_scheduling() -> None:
+    """``cuda_scheduling`` as the "cuda" device's scheduling. Where torch has not registered
+    its devices yet, a registration of ours with the wrappers torch's has (the same on
+    every supported torch); torch registers a device only where none is, so it keeps it."""
+    current = common.device_codegens.get("cuda")
+    if current is None:
+        from torch._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
+        from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+        from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+        common.register_backend_for_device("cuda", cuda_scheduling, PythonWrapperCodegen,
+                                           CppWrapperGpu, WrapperFxCodegen)
+    elif current.scheduling is not cuda_scheduling:
+        common.device_codegens["cuda"] = dataclasses.replace(current, scheduling=cuda_scheduling)
+
+
+def cuda_scheduling(scheduler: Any) -> Any:
+    """Inductor's scheduling for a CUDA graph: ``CuteDSLCombinedScheduling``, its module
+    imported at the first graph (``scheduler`` is None where Inductor asks for features)."""
+    from .combined import CuteDSLCombinedScheduling
+
+    return CuteDSLCombinedScheduling(scheduler)
 
 
 def install_workers_ahead() -> None:

@@ -1,8 +1,6 @@
-"""CuteDSLScheduling (code generation for ``CuteDSLTemplateBuffer``) and its hook into
-Inductor: ``CuteDSLCombinedScheduling`` extends Inductor's CUDA combined scheduling,
-routes our template nodes to ``CuteDSLScheduling`` and leaves every other node to
-Inductor. ``install.py`` registers it for "cuda", replacing only the scheduling of the
-registered ``DeviceCodegen``.
+"""CuteDSLScheduling: code generation for ``CuteDSLTemplateBuffer``. Inductor reaches it
+through ``CuteDSLCombinedScheduling`` (``combined.py``), which ``install.py`` registers
+for "cuda": it routes our template nodes here and leaves every other node to Inductor.
 
 The output code gets one definition per kernel::
 
@@ -34,7 +32,6 @@ from typing import Any
 
 import torch
 from torch._inductor.codegen.common import WorkspaceArg, WorkspaceZeroMode
-from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.scheduler import BaseScheduling, SchedulerNode
 from torch._inductor.utils import get_kernel_metadata
 from torch._inductor.virtualized import V
@@ -264,35 +261,7 @@ def kernel_definition(kernel: KernelSource) -> str:
     )
 
 
-class CuteDSLCombinedScheduling(CUDACombinedScheduling):
-    def __init__(self, scheduler: Any) -> None:
-        super().__init__(scheduler)
-        self._cutedsl = CuteDSLScheduling(scheduler)
-
-    def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
-        if _involves_cutedsl(node1, node2):
-            return self._cutedsl.can_fuse_vertical(node1, node2)
-        return super().can_fuse_vertical(node1, node2)
-
-    def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
-        if _involves_cutedsl(node1, node2):
-            return self._cutedsl.can_fuse_horizontal(node1, node2)
-        return super().can_fuse_horizontal(node1, node2)
-
-    def codegen_template(self, template_node: Any, epilogue_nodes: Any, prologue_nodes: Any,
-                         *args: Any, **kwargs: Any) -> Any:
-        if is_cutedsl_template(template_node):
-            return self._cutedsl.codegen_template(template_node, epilogue_nodes, prologue_nodes)
-        return super().codegen_template(template_node, epilogue_nodes, prologue_nodes,
-                                        *args, **kwargs)
-
-
 def _from_template(nodes: list[Any]) -> list[Any]:
     """``nodes`` from the first of our templates on (past its fused prologue), or []."""
     index = next((i for i, n in enumerate(nodes) if is_cutedsl_template(n)), None)
     return [] if index is None else nodes[index:]
-
-
-def _involves_cutedsl(*nodes: Any) -> bool:
-    """Whether a (possibly fused) scheduler node contains one of our templates."""
-    return any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())

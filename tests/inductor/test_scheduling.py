@@ -10,10 +10,9 @@ from torch._inductor.codegen.common import (
 import cutedsl_inductor
 from cutedsl_inductor.compile.records import KernelSource
 from cutedsl_inductor.compile.specs import ScalarSpec, Sym, TensorSpec
-from cutedsl_inductor.inductor.scheduling import (
-    CuteDSLCombinedScheduling,
-    kernel_definition,
-)
+from cutedsl_inductor.inductor.combined import CuteDSLCombinedScheduling
+from cutedsl_inductor.inductor.install import cuda_scheduling
+from cutedsl_inductor.inductor.scheduling import kernel_definition
 from cutedsl_inductor.kernels.elementwise import add_template
 from tests.helpers import (
     kernel_definitions,
@@ -26,11 +25,14 @@ from tests.helpers import (
 
 
 def test_install_registers_our_scheduling_for_cuda_only():
+    # the package's import registered it before torch's registration, which keeps it
     init_backend_registration()
+    assert device_codegens["cuda"].scheduling is cuda_scheduling
     cutedsl_inductor.install()
     cutedsl_inductor.install()
-    assert device_codegens["cuda"].scheduling is CuteDSLCombinedScheduling
-    assert device_codegens["cpu"].scheduling is not CuteDSLCombinedScheduling
+    assert device_codegens["cuda"].scheduling is cuda_scheduling
+    assert isinstance(device_codegens["cuda"].scheduling(None), CuteDSLCombinedScheduling)
+    assert not isinstance(device_codegens["cpu"].scheduling(None), CuteDSLCombinedScheduling)
 
 
 def test_output_code_embeds_the_source_byte_for_byte(graph):
