@@ -42,7 +42,6 @@ class CuteDSLCombinedScheduling(CUDACombinedScheduling):
                                         *args, **kwargs)
 
 
-
 def _involves_cutedsl(*nodes: Any) -> bool:
     """Whether a (possibly fused) scheduler node contains one of our templates."""
     return any(is_cutedsl_template(n) for node in nodes for n in node.get_nodes())

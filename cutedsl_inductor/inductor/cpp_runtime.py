@@ -76,9 +76,10 @@ inline bool tracing() {
   return on;
 }
 
-inline void trace(const char* what, const std::string& detail) {
+// no allocation: a launch, on every call of the model, pays one test of a static flag
+inline void trace(const char* what, const char* detail) {
   if (tracing()) {
-    std::fprintf(stderr, "[cutedsl_aot] %s %s\n", what, detail.c_str());
+    std::fprintf(stderr, "[cutedsl_aot] %s %s\n", what, detail);
     std::fflush(stderr);
   }
 }
@@ -120,14 +121,14 @@ void load(Kernel& kernel, const Library (&runtime)[R], const std::optional<std::
       continue;
     }
     std::string path = located(library.file, folder);
-    trace("loading", path);
+    trace("loading", path.c_str());
     if (dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
       throw std::runtime_error("cannot load " + std::string(library.soname) + " for CuteDSL "
                                "kernels from " + path + ": " + dlerror());
     }
   }
   std::string path = located(kernel.file, folder);
-  trace("loading", path);
+  trace("loading", path.c_str());
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     throw std::runtime_error("cannot load CuteDSL kernel " + path + ": " + dlerror());
@@ -206,7 +207,7 @@ void launch(Kernel& kernel, const Library (&runtime)[R],
   result.type_index = kFFINone;
   trace("calling", kernel.symbol);
   int status = kernel.call(nullptr, packed, static_cast<int32_t>(N), &result);
-  trace("returned", std::to_string(status));
+  if (tracing()) trace("returned", std::to_string(status).c_str());
   kernel.set_stream(device.device_type, device.device_id, previous, nullptr);
   if (status != 0) raise(kernel, "failed");
 }
