@@ -20,7 +20,8 @@
 #                                             attention_levers (bench attention --quick, each
 #                                             lever off and on: the backward's fused dQ, the
 #                                             forward's ping-pong, the persistent forward;
-#                                             ATTENTION_ARGS as above,
+#                                             ATTENTION_ARGS as above, LEVERS (default
+#                                             all three, e.g. FLEX_PERSISTENT:fwd),
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 #                                             attention_profile (the backward on causal, two
 #                                             kernels and fused dQ, each variant's kernels
@@ -32,8 +33,10 @@
 #                                             side by side, CHECKS_TIMEOUT s each, default 490:
 #                                             correctness only, no timings in that step;
 #                                             CHECKS: which of sdpa attention models models2
-#                                             e2e fp8 aot, default all: on an H100 all seven
-#                                             at once ran a training test out of memory)
+#                                             e2e fp8 aot (the default) and splitk persistent
+#                                             (the split-K and swap-AB GEMMs, the persistent
+#                                             forward); on an H100 seven at once ran a training
+#                                             test out of memory)
 #                                             aot (the AOTInductor GPU tests, then bench aot:
 #                                             a Llama packaged with and without our kernels,
 #                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
@@ -99,6 +102,8 @@ checks() {  # several GPU test files at once: their compiles share the host's CP
       e2e) check_job e2e tests/gpu/test_e2e.py & ;;
       fp8) check_job fp8 tests/gpu/test_fp8.py & ;;
       aot) check_job aot tests/gpu/test_aot.py & ;;
+      splitk) check_job splitk tests/gpu/test_gemm.py -k "split_k or small_m or swap_ab" & ;;
+      persistent) check_job persistent tests/gpu/test_attention.py -k persistent & ;;
       *) echo "unknown check $name"; status=1 ;;
     esac
   done
@@ -145,7 +150,7 @@ for s in $steps; do
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
         ${ATTENTION_ARGS:---quick} --out "$OUT" ;;
     attention_levers)
-      for lever in FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd FLEX_PERSISTENT:fwd; do
+      for lever in ${LEVERS:-FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd FLEX_PERSISTENT:fwd}; do
         for on in 0 1; do
           env "CUTEDSL_INDUCTOR_${lever%:*}=$on" python3 -m cutedsl_inductor bench attention \
             ${ATTENTION_ARGS:---quick} --directions "${lever#*:}" --variants "${LEVER_VARIANTS:-ours,triton,sdpa-cudnn}" \
