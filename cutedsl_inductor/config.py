@@ -193,6 +193,11 @@ flex_persistent: bool = _knob(
     "causal ones first, loading the next tile's Q, K and V while one tile's last P V, "
     "normalization and store run (off until timed on a GPU)", changes_code=True,
     steers=Reach.FLEX)
+flex_fold_scale: bool = _knob(
+    "flex_fold_scale", "CUTEDSL_INDUCTOR_FLEX_FOLD_SCALE", False, Boolean(),
+    "where the score_mod is the identity and sm_scale > 0, our FlexAttention forward folds "
+    "sm_scale into the exp2's FFMA (row max of the raw scores: 64 FMULs a thread and KV "
+    "tile fewer; off until timed on a GPU)", changes_code=True, steers=Reach.FLEX)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
     "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "

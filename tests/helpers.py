@@ -94,17 +94,27 @@ def compile_residual_gemm(cfg, dump_dir=None):
 def cuobjdump():
     """NVIDIA's cuobjdump: on PATH, or from the ``nvidia-cuda-cuobjdump`` wheel (test
     extras); None where neither is."""
+    return _nvidia_tool("cuobjdump")
+
+
+def nvdisasm():
+    """NVIDIA's nvdisasm (a cubin's SASS): on PATH, or from the ``nvidia-cuda-nvdisasm``
+    wheel (test extras); None where neither is."""
+    return _nvidia_tool("nvdisasm")
+
+
+def _nvidia_tool(name):
     import shutil
     from pathlib import Path
 
-    found = shutil.which("cuobjdump")
+    found = shutil.which(name)
     if found is None:
         try:
             import nvidia
         except ImportError:
             return None
         found = next((str(p) for root in nvidia.__path__
-                      for p in Path(root).glob("cu*/bin/cuobjdump")), None)
+                      for p in Path(root).glob(f"cu*/bin/{name}")), None)
     return found
 
 

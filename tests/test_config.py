@@ -107,7 +107,8 @@ def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
                                       "epilogue_fusion", "fused_choice_candidates",
                                       "flex_attention", "flex_max_configs",
                                       "flex_only_ours", "flex_pipelined", "flex_pingpong",
-                                      "flex_persistent", "flex_bwd_fused_dq",
+                                      "flex_persistent", "flex_fold_scale",
+                                      "flex_bwd_fused_dq",
                                       "prologue_fusion", "sdpa", "aot", "fp8", "fp8_swiglu",
                                       "distributed_autotune"}
     with config.patch(gemm_max_configs=3):

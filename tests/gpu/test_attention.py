@@ -3,9 +3,9 @@
 random inputs, for no mask, causal, sliding window, document masking, ALiBi, tanh
 soft-capping and a relative bias from a captured tensor; sequence lengths that are no
 tile multiples, Q_LEN != KV_LEN, GQA, bf16/fp16, head dims 64/128, each of the offered
-KV tiles, the persistent forward (``flex_persistent``) with more tiles than SMs; outputs
-NaN-poisoned (the allocator's free memory is filled with NaN before the call, so
-unwritten elements show). Inductor's name filter keeps only our choices,
+KV tiles, the persistent forward (``flex_persistent``) with more tiles than SMs, the
+folded scale (``flex_fold_scale``); outputs NaN-poisoned (the allocator's free memory is
+filled with NaN before the call, so unwritten elements show). Inductor's name filter keeps only our choices,
 so what is checked is our kernel (asserted in the output code)."""
 
 import functools
@@ -178,6 +178,20 @@ def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len, pingpong
             pytest.skip("document ids index queries and keys alike")
         mask_mod = make_document(q_len)
     with config.patch(flex_pingpong=pingpong):
+        check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask_mod", [None, causal, "document"])
+@pytest.mark.parametrize("q_len, kv_len", [(1000, 1000), (333, 77)])
+def test_the_folded_scale(monkeypatch, head_dim, mask_mod, q_len, kv_len):
+    """``config.flex_fold_scale`` on: the row max over the raw scores, sm_scale log2e in
+    the exp2's FFMA (masked and out-of-range scores stay -inf, a tile only half full)."""
+    if mask_mod == "document":
+        if q_len != kv_len:
+            pytest.skip("document ids index queries and keys alike")
+        mask_mod = make_document(q_len)
+    with config.patch(flex_fold_scale=True):
         check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
 

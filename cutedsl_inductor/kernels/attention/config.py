@@ -4,7 +4,9 @@ A frozen, validated record: ``FlexConfig(...)`` raises ``ValueError`` for a comb
 the kernel cannot run (a head dim other than 64/128, a KV tile that does not divide the
 BlockMask's KV block, a ring that does not fit in shared memory), so a refused choice
 names its reason before anything is traced. ``persistent`` doubles Q's shared memory
-(two Q buffers: the next tile's loads while one runs).
+(two Q buffers: the next tile's loads while one runs). ``fold_scale`` (the template sets
+it where the score_mod is the identity) needs ``sm_scale > 0``: the row max is taken
+over the raw scores and scaled after.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class FlexConfig:
     pingpong: bool = False  # the consumer warpgroups take turns issuing their GEMMs
     element_bytes: int = 2
     persistent: bool = False  # one CTA per SM walking the Q tiles, Q double-buffered
+    fold_scale: bool = False  # score_mod the identity: sm_scale folded into exp2's FFMA
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
@@ -42,6 +45,9 @@ class FlexConfig:
         if self.sparse_kv_block % self.block_n:
             raise ValueError(f"the BlockMask's KV block size {self.sparse_kv_block} is not a "
                              f"multiple of block_n={self.block_n}")
+        if self.fold_scale and not self.sm_scale > 0:
+            raise ValueError(f"sm_scale {self.sm_scale} cannot be folded into the exp2 "
+                             f"(the row max of the raw scores needs a positive scale)")
         if self.pingpong and not self.pipelined:
             raise ValueError("ping-pong turns are taken in the pipelined mainloop only")
         if self.smem_bytes() > SMEM_BYTES:
@@ -66,7 +72,7 @@ class FlexConfig:
 def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
                     has_full_blocks: bool, sm_scale: float,
                     pipelined: bool = True, pingpong: bool = False,
-                    persistent: bool = False) -> list[FlexConfig]:
+                    persistent: bool = False, fold_scale: bool = False) -> list[FlexConfig]:
     """The configs offered for a problem, best guess first; those that do not fit are
     left out (an empty list: nothing suits)."""
     shapes = [(128, 2), (64, 3)] if head_dim == 128 else [(128, 3), (64, 4)]
@@ -75,7 +81,8 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
         try:
             out.append(FlexConfig(head_dim, block_n, stages, sparse_q_block, sparse_kv_block,
                                   has_full_blocks, sm_scale, pipelined,
-                                  pingpong and pipelined, persistent=persistent))
+                                  pingpong and pipelined, persistent=persistent,
+                                  fold_scale=fold_scale))
         except ValueError:
             continue
     return out

@@ -13,7 +13,10 @@ and, in partial blocks only, ``mask_mod`` (-inf where it is False); elements pas
 KV_LEN are -inf (the mask and bounds work is skipped in a full block's tile within
 KV_LEN). The row max and sum are fp32 in log2 units: p = exp2(s log2e - m), one FFMA and
 one ex2; the max and sum over a thread's values are trees, the max across the row's 4
-threads shuffles, the sums stay per thread until the end. P is converted to the input
+threads shuffles, the sums stay per thread until the end. ``FlexConfig.fold_scale`` (knob
+``flex_fold_scale``; the template sets it for the identity score_mod and sm_scale > 0):
+no multiply by sm_scale per element, the row max is taken over the raw scores and p =
+exp2(s c - m) with c = sm_scale log2e (one FFMA, no FMUL). P is converted to the input
 dtype in registers and O += P V by WGMMA with A from registers. The end: O / l stored
 (rows past Q_LEN dropped), LSE = m + log2(l) and the row max, both in log2 units as
 Inductor's flex kernel stores them (the HOP's caller scales them by ln 2); a row that
@@ -585,8 +588,9 @@ class Sm90FlexAttention:
     def modify_scores(self, acc_s, is_partial, kv_base, tile_args, masked: cutlass.Constexpr):
         """``acc_s`` <- mask_mod ? score_mod(S * sm_scale) : -inf per element (natural
         units), -inf past KV_LEN; ``masked`` False: score_mod alone (a full block's tile
-        within KV_LEN)."""
+        within KV_LEN). ``fold_scale``: the raw score S (the score_mod is the identity)."""
         cS, q_base, h_idx, b_idx, q_len, kv_len, captures = tile_args
+        fold = self.config.fold_scale  # the identity score_mod, scaled in softmax_step
         scale = self.config.sm_scale
         neg_inf = -cutlass.Float32.inf
         b32 = cutlass.Int32(b_idx)
@@ -598,13 +602,13 @@ class Sm90FlexAttention:
             if cutlass.const_expr(masked):
                 kv_in, kv_idx = in_range(kv_idx, kv_len)
                 in_bounds = kv_in & q_in
-                score = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, in_bounds,
-                                       captures)
+                score_in = acc_s[i] if cutlass.const_expr(fold) else acc_s[i] * scale
+                score = self.score_mod(score_in, b32, h32, q_idx, kv_idx, in_bounds, captures)
                 # no branch per element: a row's (a column's) reads stay in one block, shared
                 keep = self.mask_mod(b32, h32, q_idx, kv_idx, in_bounds, captures) | ~is_partial
                 score = cutlass.select_(keep, score, neg_inf)
                 acc_s[i] = cutlass.select_(kv_in, score, neg_inf)
-            else:
+            elif cutlass.const_expr(not fold):  # fold: the raw score stays
                 acc_s[i] = self.score_mod(acc_s[i] * scale, b32, h32, q_idx, kv_idx, q_in,
                                           captures)
 
@@ -612,18 +616,20 @@ class Sm90FlexAttention:
     def softmax_step(self, acc_s, row_max, row_sum, correction):
         """One tile of the online softmax: the row maxima (log2 units) and this thread's
         partial row sums updated, ``acc_s`` <- exp2(s log2e - max) (one FFMA and one ex2
-        an element); ``correction`` <- the factors O's two rows are to be rescaled by."""
+        an element); ``correction`` <- the factors O's two rows are to be rescaled by.
+        ``fold_scale``: ``acc_s`` holds raw scores, log2e becomes sm_scale log2e."""
+        to_log2 = LOG2E * self.config.sm_scale if self.config.fold_scale else LOG2E
         s_mn = cute.make_tensor(acc_s.iterator, rows_cols(acc_s.layout, self.block_n))
         cols = cute.size(s_mn, mode=[1])
         for r in cutlass.range_constexpr(2):
             m_tile = tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
-            m_new = cute.arch.fmax(row_max[r], m_tile * LOG2E)
+            m_new = cute.arch.fmax(row_max[r], m_tile * to_log2)
             m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
             m_use = cutlass.select_(m_new == -cutlass.Float32.inf, cutlass.Float32(0.0), m_new)
             correction[r] = cute.math.exp2(row_max[r] - m_use, fastmath=True)
             row_max[r] = m_new
             for c in cutlass.range_constexpr(cols):
-                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * LOG2E - m_use, fastmath=True)
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * to_log2 - m_use, fastmath=True)
             p_sum = tree_reduce([s_mn[r, c] for c in range(cols)], operator.add)
             row_sum[r] = row_sum[r] * correction[r] + p_sum
 

@@ -14,6 +14,8 @@ Refused here: a target other than sm_90, dtypes other than bf16/fp16 (one for q,
 and out), head dims other than 64/128 (or Q's and V's differing), non-unit head-dim
 strides or other strides not 16-byte multiples, dynamic shapes, a BlockMask whose
 block sizes are no multiples of the tiles, Q heads not a multiple of KV heads.
+``FOLD_SCALE`` (``config.flex_fold_scale``) is set where subgraph 0 returns its
+``score`` placeholder and SM_SCALE is positive.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ...compile.specs import static_ints
 from ... import config
 from ...compile.compiler import target_arch
 from ...compile.records import Params
-from ...template.subgraph import ModificationSubgraph
+from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex  # noqa: F401  (the rendered module imports it: fail early)
 from .config import FlexConfig, default_configs
@@ -66,7 +68,8 @@ class {{kernel_name}}_Flex(Sm90FlexAttention):
         head_dim=HEAD_DIM, block_n=BLOCK_N, stages=STAGES, sparse_q_block=SPARSE_Q_BLOCK,
         sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE,
         pipelined=PIPELINED, pingpong=PINGPONG
-        {{- ", persistent=PERSISTENT" if PERSISTENT is defined else ""}}))
+        {{- ", persistent=PERSISTENT" if PERSISTENT is defined else ""}}
+        {{- ", fold_scale=FOLD_SCALE" if FOLD_SCALE is defined else ""}}))
     kernel(q, k, v, {{get_output()}}, lse, max, kv_num_blocks, kv_indices, full_kv_num_blocks,
            full_kv_indices, {{modification_inputs()}}, stream)
 '''
@@ -115,11 +118,14 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
         return reason
     head_dim = int(nodes[0].get_size()[3])
     try:
+        # the identity score_mod with a positive scale: sm_scale folded into the exp2
+        fold = (config.flex_fold_scale and returned_placeholder(subgraphs[0]) == "score"
+                and float(options["SM_SCALE"]) > 0)
         configs = default_configs(head_dim, int(options["SPARSE_Q_BLOCK_SIZE"]),
                                   int(options["SPARSE_KV_BLOCK_SIZE"]),
                                   bool(options["HAS_FULL_BLOCKS"]),
                                   float(options["SM_SCALE"]), config.flex_pipelined,
-                                  config.flex_pingpong, config.flex_persistent)
+                                  config.flex_pingpong, config.flex_persistent, fold)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -140,10 +146,11 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
 
 
 def params_of(cfg: FlexConfig) -> Params:
-    """The template's parameters; PERSISTENT only where on, so that the other configs'
-    sources (and cache keys) stay those of before the knob."""
-    persistent = dict(PERSISTENT=True) if cfg.persistent else {}
+    """The template's parameters; PERSISTENT and FOLD_SCALE only where on, so that the
+    other configs' sources (and cache keys) stay those of before the knobs."""
+    optional = {name: True for name, on in (("PERSISTENT", cfg.persistent),
+                                            ("FOLD_SCALE", cfg.fold_scale)) if on}
     return Params.of(dict(HEAD_DIM=cfg.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
                 SPARSE_Q_BLOCK=cfg.sparse_q_block, SPARSE_KV_BLOCK=cfg.sparse_kv_block,
                 HAS_FULL_BLOCKS=cfg.has_full_blocks, SM_SCALE=cfg.sm_scale,
-                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong, **persistent))
+                PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong, **optional))

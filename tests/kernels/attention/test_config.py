@@ -18,6 +18,8 @@ def config(**changes):
     (dict(sparse_kv_block=64), "KV block size 64"),
     (dict(stages=4), "shared memory"),
     (dict(block_n=32), "block_n 32"),
+    (dict(fold_scale=True, sm_scale=-0.125), "sm_scale -0.125 cannot be folded"),
+    (dict(fold_scale=True, sm_scale=0.0), "sm_scale 0.0 cannot be folded"),
 ])
 def test_refused_configs_say_why(changes, reason):
     with pytest.raises(ValueError, match=reason):

@@ -9,7 +9,12 @@ Persistent (``FlexConfig.persistent``): the producer's and the consumers' grid-s
 loops, the producer's Q load behind a wait for Q's empty barrier inside its loop, the
 consumers' release of Q's buffer, the ping-pong turns going on across tiles; compiled for
 both head dims, causal and unmasked, its SASS with no stack frame (``cuobjdump
---dump-resource-usage``)."""
+--dump-resource-usage``).
+
+Folded scale (``FlexConfig.fold_scale``), in the SASS of the KV-tile loop (``nvdisasm``):
+per KV tile and thread 64 FMULs fewer in each arm of the mask branch (no multiply by
+sm_scale; the full tile of causal 8x16x2048: 564 instructions -> 500), as many ex2s and
+GEMMs, no stack frame."""
 
 import re
 import subprocess
@@ -22,7 +27,7 @@ from cutlass.runtime import make_fake_stream
 
 from cutedsl_inductor.kernels.attention.config import FlexConfig
 from cutedsl_inductor.kernels.attention.sm90_flex import Sm90FlexAttention
-from tests.helpers import cuobjdump
+from tests.helpers import cuobjdump, nvdisasm
 
 B, H, S = 2, 4, 1024
 WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);")
@@ -184,3 +189,44 @@ def test_the_persistent_kernel_keeps_its_values_in_registers(tmp_path, kernel, h
     _ptx(cfg, tmp_path / "persistent", kernel)
     stack, regs = _stack_and_registers(tmp_path / "persistent")
     assert stack == 0, f"{stack} stack bytes ({regs} registers)"
+
+
+def _loop_opcodes(tool, directory):
+    """The opcodes of the consumers' KV-tile loop in the cubin's SASS (``tool``:
+    nvdisasm): from the label its backward branch goes to, the first such branch after the
+    S GEMM's wait with the P V GEMM still in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``),
+    to that branch."""
+    (cubin,) = directory.glob("*.cubin")
+    sass = subprocess.run([tool, "-c", str(cubin)], check=True, capture_output=True,
+                          text=True).stdout
+    lines = [re.sub(r"/\*.*?\*/", "", line).strip() for line in sass.splitlines()]
+    lines = [line for line in lines if re.match(r"\.L_x_\d+:$|(@!?U?P\w+\s+)?[A-Z]", line)]
+    labels = {line[:-1]: at for at, line in enumerate(lines) if line.startswith(".L_x_")}
+    wait = next(at for at, line in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in line)
+    for at in range(wait, len(lines)):
+        target = re.search(r"BRA[^`]*`\((\.L_x_\d+)\)", lines[at])
+        if target and labels[target.group(1)] < wait:
+            body = lines[labels[target.group(1)] + 1:at + 1]
+            return [re.sub(r"^@!?U?P\w+\s+", "", line).split()[0] for line in body
+                    if not line.startswith(".L_x_")]
+    raise AssertionError("no KV-tile loop after the S GEMM's wait")
+
+
+def test_the_folded_scale_takes_one_fmul_per_score_out_of_the_loop(tmp_path):
+    tool = nvdisasm()
+    if tool is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    counts = {}
+    for fold in (False, True):
+        cfg = FlexConfig(128, 128, 2, 128, 128, True, 0.125, pingpong=True, fold_scale=fold)
+        _ptx(cfg, tmp_path / f"fold_{fold}")
+        ops = _loop_opcodes(tool, tmp_path / f"fold_{fold}")
+        counts[fold] = {op: ops.count(op) for op in ("FMUL", "MUFU.EX2", "HGMMA")}
+        counts[fold]["HGMMA"] = sum(op.startswith("HGMMA") for op in ops)
+        assert _stack_and_registers(tmp_path / f"fold_{fold}")[0] == 0
+    per_thread = 64 * 128 // 128  # S values a thread holds per KV tile
+    # both arms of the mask branch (partial, full), each one FMUL a score fewer
+    assert counts[False]["FMUL"] - counts[True]["FMUL"] == 2 * per_thread, counts
+    # the same ex2s (a score's and a row's correction, both arms) and GEMMs (S, P V)
+    assert counts[False]["MUFU.EX2"] == counts[True]["MUFU.EX2"] == 2 * (per_thread + 2)
+    assert counts[False]["HGMMA"] == counts[True]["HGMMA"] == 16

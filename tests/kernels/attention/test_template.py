@@ -97,6 +97,35 @@ def test_the_persistent_knob_off_leaves_the_source_as_before(graph):
         ", persistent=PERSISTENT", "") == sources[False]
 
 
+@pytest.mark.parametrize("mods, folded", [("causal", True), ("none", True), ("alibi", False)])
+def test_the_fold_scale_knob_folds_the_identity_score_mod_alone(graph, mods, folded):
+    """``config.flex_fold_scale``: the FOLD_SCALE define and the config's field where the
+    score_mod is the identity (the rendered choice compiles), nothing where it is not;
+    off (the default), the source of before the knob."""
+    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS[mods])
+    sources = {}
+    for on in (False, True):
+        choices = []
+        with config.patch(flex_fold_scale=on):
+            assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
+    assert "fold_scale" not in sources[False].lower()
+    assert ("fold_scale=FOLD_SCALE" in sources[True]) == folded
+    assert sources[True].replace("FOLD_SCALE: cutlass.Constexpr = True\n", "").replace(
+        ", fold_scale=FOLD_SCALE", "") == sources[False]
+    if folded and mods == "causal":
+        choices[0].load()
+
+
+def test_a_negative_scale_is_not_folded(graph):
+    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
+    choices = []
+    with config.patch(flex_fold_scale=True):
+        assert flex_choices(choices, nodes, layout, subgraphs,
+                            {**OPTIONS, "SM_SCALE": -0.125}) is None
+    assert "FOLD_SCALE" not in choices[0].source
+
+
 def test_one_huge_block_without_full_blocks_compiles(graph):
     """flex's "no mask" BlockMask: one block of 2**30, no full blocks (their tensors one
     unused element each, as ``inductor/flex.py`` makes them)."""
