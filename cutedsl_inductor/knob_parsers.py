@@ -1,7 +1,8 @@
 """The parsers of ``config``'s knobs: an environment value (text) or an assigned value
 in, the knob's value out, or ``ConfigError`` naming the variable (or ``config.<name>``)
 and what it accepts. Strict: a boolean is one of 1/0/true/false/yes/no/on/off (any
-case), a count an integer in range, text what its pattern or check takes."""
+case), a count an integer in range, a mode one of its words (or a boolean's: on/off),
+text what its pattern or check takes."""
 
 from __future__ import annotations
 
@@ -157,4 +158,34 @@ class Text:
         raise ConfigError(variable=name, value=value, accepted=self.doc)
 
 
-Parser = Boolean | Integer | Pattern | Text
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One of ``words``; a boolean's words (and True/False) mean "on" and "off"."""
+    words: tuple[str, ...]
+
+    @property
+    def accepted(self) -> str:
+        return f"one of {', '.join(self.words)} (a boolean's words mean on and off)"
+
+    @property
+    def doc(self) -> str:
+        return self.accepted
+
+    def __call__(self, raw: str, variable: str) -> str:
+        word = raw.lower()
+        if word in self.words:
+            return word
+        if word in _TRUE + _FALSE:
+            return "on" if word in _TRUE else "off"
+        raise ConfigError(variable=variable, value=raw, accepted=self.accepted)
+
+    def value(self, value: Any, name: str) -> str:
+        """An assigned value: one of the words, or a bool."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value in self.words:
+            return value
+        raise ConfigError(variable=name, value=value, accepted=self.accepted)
+
+
+Parser = Boolean | Integer | Mode | Pattern | Text

@@ -33,8 +33,23 @@ def test_booleans_take_a_fixed_set_of_words(monkeypatch, reload_config, raw, val
     assert reload_config().disk_cache is value
 
 
+@pytest.mark.parametrize("raw, value", [("choice", "choice"), ("ON", "on"), ("1", "on"),
+                                        ("off", "off"), ("no", "off")])
+def test_a_mode_takes_its_words_and_a_booleans(monkeypatch, reload_config, raw, value):
+    monkeypatch.setenv("CUTEDSL_INDUCTOR_FLEX_PERSISTENT", raw)
+    assert reload_config().flex_persistent == value
+
+
+def test_a_mode_assigned_a_bool_holds_its_word():
+    with config.patch(flex_persistent=True):
+        assert config.flex_persistent == "on"
+    with config.patch(flex_persistent=False):
+        assert config.flex_persistent == "off"
+
+
 @pytest.mark.parametrize("variable, raw, accepted", [
     ("CUTEDSL_INDUCTOR_DISK_CACHE", "maybe", "a boolean: 1/true/yes/on/0/false/no/off"),
+    ("CUTEDSL_INDUCTOR_FLEX_PERSISTENT", "sometimes", "one of off, on, choice"),
     ("CUTEDSL_INDUCTOR_EPILOGUE_FUSION", "disabled", "a boolean"),
     ("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", "abc", "an integer from 1 to 1024"),
     ("CUTEDSL_INDUCTOR_GEMM_MAX_CONFIGS", "0", "an integer from 1 to 1024"),
@@ -153,6 +168,7 @@ def test_an_assignment_to_no_knob_is_refused_naming_it_and_the_closest():
     ("arch", "sm90", "sm_"),
     ("compile_options", "--gpu-arch sm_100a", ""),
     ("cache_dir", 3, ""),
+    ("flex_persistent", "always", "one of off, on, choice"),
 ])
 def test_an_assignment_the_knob_refuses_raises_naming_it(name, value, accepted):
     before = getattr(config, name)

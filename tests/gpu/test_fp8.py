@@ -192,15 +192,18 @@ def quantize_static(y, act_scale):
     return (y.float() / act_scale).clamp(-448.0, 448.0).to(E4M3)
 
 
-def within_one_e4m3_step(ours, eager, exact):
-    """Every value of ``ours`` is ``eager``'s or its neighbour: ours computes the
-    activation from the fp32 accumulator, eager from the bf16 output, so a value near a
-    rounding boundary may round the other way. ``exact``: the float64 value, named with
-    the first few values off, should any be."""
-    ours, eager = ours.float(), eager.float()
+def within_e4m3_and_accumulation_error(ours, eager, exact):
+    """Every value of ``ours`` is within one e4m3 step of the float64 value ``exact`` plus
+    the FP8 fast accumulation's error, which is absolute: a value near zero moves by what
+    the sum's rounding loses, and ours (split over K) and ATen's kernel sum in different
+    orders, so near zero the two may be several steps apart. 2^-8 of the values' root
+    mean square bounds it and still catches a lost partial or K tile (an error of a third
+    of that mean or more). Most values are eager's."""
+    ours, eager = ours.float().double(), eager.float().double()
     assert not torch.isnan(ours).any()
-    step = eager.abs() * 2.0**-3 + 2.0**-9  # e4m3: 3 mantissa bits, subnormals 2^-9
-    off = ((ours - eager).abs() > step).nonzero().tolist()
+    step = exact.abs() * 2.0**-3 + 2.0**-9  # e4m3: 3 mantissa bits, subnormals 2^-9
+    bound = step + 2.0**-8 * exact.square().mean().sqrt()
+    off = ((ours - exact).abs() > bound).nonzero().tolist()
     assert not off, f"{len(off)} values off, (row, col, ours, eager, float64): " + ", ".join(
         f"({i}, {j}, {ours[i, j].item():g}, {eager[i, j].item():g}, {exact[i, j].item():.4g})"
         for i, j in off[:8])
@@ -233,7 +236,7 @@ def test_a_float8_linear_stack_quantizes_the_next_input_in_our_epilogue(m):
     assert "cutedsl_sm90_gemm" in code and "@triton.jit" not in code
     assert q.dtype == E4M3
     exact = torch.nn.functional.silu(reference(a, w1, scale_a, scale_w1)) / act_scale.double()
-    within_one_e4m3_step(q, first(a, w1, scale_a, scale_w1, act_scale), exact)
+    within_e4m3_and_accumulation_error(q, first(a, w1, scale_a, scale_w1, act_scale), exact)
 
     args = (a, w1, scale_a, scale_w1, act_scale, w2, scale_w2)
     result, code = compiled_code("CUTEDSL", stack, *args, max_configs=2)

@@ -47,11 +47,13 @@ def _restrided(out, query_strides):
 
 
 def use_virtual_flex(monkeypatch):
-    """The virtual sm_90 and the stand-ins above for the rest of the test; one config."""
+    """The virtual sm_90 and the stand-ins above for the rest of the test; one config (no
+    persistent twin)."""
     use_virtual_sm90(monkeypatch)
     monkeypatch.setattr(HOP_MODULE, "_permute_strides", _restrided)
     monkeypatch.setattr(TritonTemplate, "maybe_append_choice", lambda self, choices, **kw: None)
     monkeypatch.setattr(config, "flex_max_configs", 1)
+    monkeypatch.setattr(config, "flex_persistent", "off")
 
 
 def lower(options, dtype=torch.bfloat16, score_mod=None, captured=(), head_dim=D, masked=True,

@@ -35,6 +35,7 @@ def virtual(monkeypatch):
     use_virtual_sm90(monkeypatch)
     monkeypatch.setattr(torch.utils._triton, "triton_hash_with_backend", lambda: "none")
     monkeypatch.setattr(config, "flex_max_configs", 1)
+    monkeypatch.setattr(config, "flex_persistent", "off")  # one choice
 
 
 @dataclasses.dataclass(frozen=True)

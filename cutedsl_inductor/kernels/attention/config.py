@@ -86,3 +86,11 @@ def default_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
         except ValueError:
             continue
     return out
+
+
+def persistent_twin(cfg: FlexConfig) -> list[FlexConfig]:
+    """``cfg`` made persistent, where its second Q buffer fits (else none)."""
+    try:
+        return [dataclasses.replace(cfg, persistent=True)]
+    except ValueError:
+        return []

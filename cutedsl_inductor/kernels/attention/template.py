@@ -15,7 +15,9 @@ and out), head dims other than 64/128 (or Q's and V's differing), non-unit head-
 strides or other strides not 16-byte multiples, dynamic shapes, a BlockMask whose
 block sizes are no multiples of the tiles, Q heads not a multiple of KV heads.
 ``FOLD_SCALE`` (``config.flex_fold_scale``) is set where subgraph 0 returns its
-``score`` placeholder and SM_SCALE is positive.
+``score`` placeholder and SM_SCALE is positive. ``config.flex_persistent``: "choice"
+adds the first config's persistent twin (which wins some masks and loses others) to the
+``flex_max_configs`` offered; "on" makes every config persistent.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ...compile.records import Params
 from ...template.subgraph import ModificationSubgraph, returned_placeholder
 from ...template.template import CuteDSLTemplate
 from . import sm90_flex  # noqa: F401  (the rendered module imports it: fail early)
-from .config import FlexConfig, default_configs
+from .config import FlexConfig, default_configs, persistent_twin
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,8 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
     ``nodes``: flex's autotuning inputs; ``subgraphs``: the score and mask
     ComputedBuffers (``build_subgraph_buffer``'s; the score's placeholder is typed as the
     query, as flex types it); ``options``: flex's kernel options (SM_SCALE,
-    SPARSE_*_BLOCK_SIZE, HAS_FULL_BLOCKS). At most ``config.flex_max_configs`` choices."""
+    SPARSE_*_BLOCK_SIZE, HAS_FULL_BLOCKS). At most ``config.flex_max_configs`` choices,
+and a persistent twin where ``config.flex_persistent`` is "choice"."""
     reason = why_not(nodes, layout)
     if reason is not None:
         return reason
@@ -125,7 +128,7 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
                                   int(options["SPARSE_KV_BLOCK_SIZE"]),
                                   bool(options["HAS_FULL_BLOCKS"]),
                                   float(options["SM_SCALE"]), config.flex_pipelined,
-                                  config.flex_pingpong, config.flex_persistent, fold)
+                                  config.flex_pingpong, config.flex_persistent == "on", fold)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -135,6 +138,8 @@ def flex_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraphs: l
                                                 **SCORE_INDEX_DTYPES})
     errors = []
     configs = configs[:config.flex_max_configs]
+    if config.flex_persistent == "choice":  # one choice more: autotuning decides
+        configs += persistent_twin(configs[0])
     for cfg in configs:
         error = flex_template.maybe_append_choice(
             choices, input_nodes=list(nodes), layout=layout,

@@ -54,7 +54,8 @@ def flex_inputs(graph, dtype=torch.bfloat16, head_dim=64, mods=(None, None), kv_
 def test_the_kernel_compiles(graph, dtype, head_dim, mods):
     nodes, layout, subgraphs = flex_inputs(graph, dtype, head_dim, MODS[mods])
     choices = []
-    assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    with config.patch(flex_persistent="off"):  # the twin: test_the_persistent_kernel_compiles
+        assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
     assert len(choices) == 2  # config.flex_max_configs: block_n 128 and 64
     compiled = counters.kernels.compiled
     for choice in choices:
@@ -82,9 +83,9 @@ def test_the_persistent_kernel_compiles(graph, head_dim, mods):
 
 
 def test_the_persistent_knob_off_leaves_the_source_as_before(graph):
-    """Off (the default), the rendered source names no persistence, so the configs of
-    before the knob keep their sources; on, the PERSISTENT define and the config's field
-    are all that differ."""
+    """Off, the rendered source names no persistence, so the configs of before the knob
+    keep their sources; on, the PERSISTENT define and the config's field are all that
+    differ."""
     nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
     sources = {}
     for on in (False, True):
@@ -97,11 +98,28 @@ def test_the_persistent_knob_off_leaves_the_source_as_before(graph):
         ", persistent=PERSISTENT", "") == sources[False]
 
 
+def test_the_persistent_choice_adds_the_first_configs_twin(graph):
+    """``flex_persistent="choice"`` (the default): the configs of "off", then the first
+    one's persistent twin, whose source differs in the PERSISTENT define alone."""
+    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
+    offered = {}
+    for mode in ("off", "choice"):
+        offered[mode] = []
+        with config.patch(flex_persistent=mode):
+            assert flex_choices(offered[mode], nodes, layout, subgraphs, OPTIONS) is None
+    plain, with_twin = offered["off"], offered["choice"]
+    assert len(plain) == config.flex_max_configs and len(with_twin) == len(plain) + 1
+    assert [c.name for c in with_twin[:-1]] == [c.name for c in plain]
+    twin = with_twin[-1].source.replace(with_twin[-1].name, "NAME")
+    assert twin.replace("PERSISTENT: cutlass.Constexpr = True\n", "").replace(
+        ", persistent=PERSISTENT", "") == plain[0].source.replace(plain[0].name, "NAME")
+
+
 @pytest.mark.parametrize("mods, folded", [("causal", True), ("none", True), ("alibi", False)])
 def test_the_fold_scale_knob_folds_the_identity_score_mod_alone(graph, mods, folded):
     """``config.flex_fold_scale``: the FOLD_SCALE define and the config's field where the
     score_mod is the identity (the rendered choice compiles), nothing where it is not;
-    off (the default), the source of before the knob."""
+    off, the source of before the knob."""
     nodes, layout, subgraphs = flex_inputs(graph, mods=MODS[mods])
     sources = {}
     for on in (False, True):
