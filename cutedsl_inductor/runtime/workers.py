@@ -59,7 +59,7 @@ Without a disk cache it can write (none, or one used read-only) a worker could h
 nothing back: none is used.
 
 ``counters.workers`` counts what the workers cost this process: workers started and their seconds
-from spawn to ready (each says when it was ready), the seconds callers waited for a
+from spawn to ready (the zygote says when each was ready), the seconds callers waited for a
 worker to be ready and for one to be free, and the builds and their round trips.
 """
 
@@ -183,8 +183,8 @@ class WorkerPool:
 
     def start_workers(self, arch: str) -> None:
         """Spawn workers of ``arch`` (and their zygote) until ``config.compile_workers``
-        run; they say they are ready when first used. Never raises: a worker that cannot
-        be spawned is left to the build, which says why."""
+        run; their ready messages are read when first used. Never raises: a worker that
+        cannot be spawned is left to the build, which says why."""
         started = []
         with self._lock:
             try:

@@ -105,7 +105,7 @@ class Zygote:
                          daemon=True).start()
 
     def fork(self) -> socket.socket:
-        """A new worker's socket; it says it is ready once the zygote has forked it.
+        """A new worker's socket; the zygote says it is ready when it forks it.
         OSError: the zygote is gone."""
         mine, theirs = socket.socketpair()
         try:
