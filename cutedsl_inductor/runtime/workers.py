@@ -38,9 +38,14 @@ replaces the zygote and workers). The remote tier is this process's to use: a ke
 has is fetched here, and what a worker compiled is published from here.
 
 Failure semantics (every wait on a worker is bounded: ``config.compile_worker_timeout_s``):
-- a worker that cannot start (it, or the zygote, dies or says nothing in time before it
-  says it is ready: the interpreter or the environment, not a kernel) turns the pool's
-  workers off, with one warning, and the zygote is killed; kernels compile here;
+- workers that cannot start (the zygote dies or says nothing in time before a worker is
+  ready: the interpreter or the environment, not a kernel; or worker after worker exits
+  as soon as it is made) turn the pool's workers off, with one warning, and the zygote
+  is killed; kernels compile here;
+- a worker that exits before it is given a build (killed from outside, before its first
+  build or between two: the zygote says a fork is ready when it forks it, so a worker
+  is never struck before the pool knows its pid) is retired and replaced, with one
+  warning, and charged to no kernel;
 - an error of ours in a worker (``KernelCompileError`` naming template, parameters and
   generated file; ``GeneratedCodeError``) comes back and is raised here;
 - a worker that dies in a build or does not answer in time (killed from outside, a
@@ -54,7 +59,7 @@ Without a disk cache it can write (none, or one used read-only) a worker could h
 nothing back: none is used.
 
 ``counters.workers`` counts what the workers cost this process: workers started and their seconds
-from spawn to ready (each says when it was ready), the seconds callers waited for a
+from spawn to ready (the zygote says when each was ready), the seconds callers waited for a
 worker to be ready and for one to be free, and the builds and their round trips.
 """
 
@@ -178,8 +183,8 @@ class WorkerPool:
 
     def start_workers(self, arch: str) -> None:
         """Spawn workers of ``arch`` (and their zygote) until ``config.compile_workers``
-        run; they say they are ready when first used. Never raises: a worker that cannot
-        be spawned is left to the build, which says why."""
+        run; their ready messages are read when first used. Never raises: a worker that
+        cannot be spawned is left to the build, which says why."""
         started = []
         with self._lock:
             try:
@@ -270,12 +275,11 @@ class WorkerPool:
             except OSError as err:  # not even spawned
                 self._give_up(f"{type(err).__name__}: {err}")
                 return None
-            try:
-                reply = _run(worker, build)
             except NotStarted as err:
-                self._retire(worker)
                 self._give_up(str(err))
                 return None
+            try:
+                reply = _run(worker, build)
             except (EOFError, OSError, pickle.UnpicklingError) as err:
                 self._retire(worker)
                 why = _what_happened(worker, err)
@@ -321,6 +325,28 @@ class WorkerPool:
         return self._zygote
 
     def _acquire(self, arch: str) -> Worker:
+        """A ready worker of ``arch`` that is still there: one that exited since it was
+        made or last used (killed from outside, before its first build or between two)
+        is retired and replaced, charged to no kernel. NotStarted: no ready message came
+        (that worker retired), or one worker after another exited unused; OSError: none
+        spawned."""
+        for _ in range(config.compile_workers + 2):
+            worker = self._take(arch)
+            try:
+                _wait_until_ready(worker)
+            except NotStarted:
+                self._retire(worker)
+                raise
+            if not worker.gone():
+                return worker
+            log.warning("a compile worker (pid %d) exited before it was given a build; "
+                        "another takes its place", worker.pid)
+            self._retire(worker)
+        raise NotStarted(f"{config.compile_workers + 2} workers in a row exited unused")
+
+    def _take(self, arch: str) -> Worker:
+        """An idle worker of ``arch``, or a new one while fewer than
+        ``config.compile_workers`` run, else the next to be free."""
         while True:
             with self._lock:
                 if self._idle.empty() and self._running < config.compile_workers:
@@ -343,17 +369,19 @@ class WorkerPool:
             self._running -= 1
 
 
-def _run(worker: Worker, build: Build) -> Any:
-    """``build`` in ``worker`` (waited for until ready first), counted in
-    ``counters.workers``."""
-    timeout_s = config.compile_worker_timeout_s
+def _wait_until_ready(worker: Worker) -> None:
+    """A new worker's ready message, waited for and counted in ``counters.workers``."""
     if worker.pid is None:
         start = time.perf_counter()
-        ready_at = worker.wait_until_ready(timeout_s)
+        ready_at = worker.wait_until_ready(config.compile_worker_timeout_s)
         counters.workers.add(started=1, startup_s=max(ready_at - worker.spawned_at, 0.0),
                              ready_wait_s=time.perf_counter() - start)
+
+
+def _run(worker: Worker, build: Build) -> Any:
+    """``build`` in a ready ``worker``, counted in ``counters.workers``."""
     start = time.perf_counter()
-    reply = worker.build(build, timeout_s)
+    reply = worker.build(build, config.compile_worker_timeout_s)
     counters.workers.add(builds=1, build_s=time.perf_counter() - start)
     return reply
 

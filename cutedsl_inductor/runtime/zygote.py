@@ -24,17 +24,20 @@ workers forked from a process with CUDA up never do.
 The zygote is ``python -c ZYGOTE_SOURCE`` (not ``-m``, which would import this module
 twice: as ``__main__`` and through the package). Protocol: its control socket (its end
 of a socketpair, the descriptor number in ``argv``) carries one message per worker, the
-worker's socket as a passed file descriptor. The zygote forks; the fork says ``(READY,
-its pid, its ready time)`` on that socket, then serves builds, one pickled request in
-and one pickled reply out, until end of file. What a fork or the zygote prints goes to
-stderr.
+worker's socket as a passed file descriptor. The zygote forks, says ``(READY, the
+fork's pid, the time)`` on that socket and closes its copy; the fork serves builds, one
+pickled request in and one pickled reply out, until end of file. The zygote, not the
+fork, says it, so a worker is known by its pid from its first moment: one killed or
+stopped before it ran a line (as one killed later) is the parent's to see and to end,
+never a worker that could not start. What a fork or the zygote prints goes to stderr.
 
 Failure semantics: the zygote closes its copy of each worker's socket, so a fork that
 dies is end of file to the parent, and so is every socket still queued when the zygote
 dies or could not start (the parent then turns the workers off). The zygote exits at end
 of file on its control socket (the parent closed it or died); a fork exits at end of
-file on its own, and quietly where the parent went away before it could say it was
-ready or reply (a broken pipe: nothing is owed to anyone). Both run in a session of
+file on its own, and quietly where the parent went away before it could reply (a
+broken pipe: nothing is owed to anyone; the zygote, telling a parent gone already that
+a fork is ready, goes on too). Both run in a session of
 their own, so that a Ctrl-C at the terminal interrupts the parent alone, whose exit then
 ends them. The parent reaps its zygote whenever it exits (a thread waits on it), so a
 dead zygote leaves no zombie behind.
@@ -42,9 +45,10 @@ dead zygote leaves no zombie behind.
 A worker that stops answering (a wedged compiler, a stopped process) is the parent's to
 end: every wait on its socket is bounded (``config.compile_worker_timeout_s``:
 ``TimeoutError``), and ``Worker.kill`` sends it SIGKILL through a pidfd. The pidfd is
-opened when the worker says it is ready, and taken as its own only if the worker's
-socket is still open afterwards: from its ready message on, a worker only waits on that
-socket, so while it is open the pid cannot have passed to another process.
+opened when the ready message is read, and taken as the worker's own only if its socket
+is still open afterwards: the fork holds that socket until it exits, so while it is
+open the pid cannot have passed to another process. A ready worker says nothing
+unasked, so its socket readable between builds is its end (``Worker.gone``).
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ class Zygote:
                          daemon=True).start()
 
     def fork(self) -> socket.socket:
-        """A new worker's socket; it says it is ready once the zygote has forked it.
+        """A new worker's socket; the zygote says it is ready when it forks it.
         OSError: the zygote is gone."""
         mine, theirs = socket.socketpair()
         try:
@@ -124,8 +128,8 @@ class Zygote:
 
 
 class NotStarted(Exception):
-    """A worker that died before it said it was ready, or said something else: it could
-    not start (its environment, not a kernel)."""
+    """No ready message for a worker (the zygote died, or said nothing in time), or
+    something else: workers cannot start (the environment, not a kernel)."""
 
 
 class Worker:
@@ -141,15 +145,15 @@ class Worker:
         self._pidfd: int | None = None
 
     def wait_until_ready(self, timeout_s: float) -> float:
-        """When it said it was ready (its wall clock). NotStarted if it could not start,
-        or said nothing within ``timeout_s``."""
+        """When the zygote said it was ready (its wall clock). NotStarted where the
+        zygote exited first, or said nothing within ``timeout_s``."""
         self.channel.settimeout(timeout_s)
         try:
             said = pickle.load(self.stream)
         except TimeoutError as err:
             raise NotStarted(f"it was not ready after {timeout_s:g} s") from err
         except EOFError as err:
-            raise NotStarted("it, or the zygote that forks it, exited") from err
+            raise NotStarted("the zygote that forks it exited") from err
         except pickle.UnpicklingError as err:
             raise NotStarted(f"its first words were not a pickle: {err}") from err
         if not (isinstance(said, tuple) and len(said) == 3 and said[0] == READY):
@@ -169,6 +173,11 @@ class Worker:
             os.close(pidfd)
             return None
         return pidfd
+
+    def gone(self) -> bool:
+        """A ready worker that exited since (between builds it says nothing unasked: its
+        socket readable is end of file)."""
+        return self.pid is not None and bool(select.select([self.channel], [], [], 0)[0])
 
     def build(self, request: "Build", timeout_s: float) -> Any:
         """The worker's reply (see ``_build``). EOFError or OSError where it died,
@@ -239,11 +248,19 @@ def zygote(control_fd: int) -> None:
             return
         if not fds:
             return
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             control.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os._exit(_serve(socket.socket(fileno=fds[0])))  # not the zygote's exit handlers
-        os.close(fds[0])
+        _announce(fds[0], pid)
+
+
+def _announce(fd: int, pid: int) -> None:
+    """Say on a fork's socket that it is ready (its pid, the time), then close the
+    zygote's copy; a parent that went away already is nobody to tell."""
+    with socket.socket(fileno=fd) as channel, contextlib.suppress(OSError):
+        channel.sendall(pickle.dumps((READY, pid, time.time())))
 
 
 def preload() -> None:
@@ -259,8 +276,6 @@ def _serve(channel: socket.socket) -> int:
     its exit status."""
     stream = channel.makefile("rwb")
     try:
-        pickle.dump((READY, os.getpid(), time.time()), stream)
-        stream.flush()
         while True:
             try:
                 request = pickle.load(stream)

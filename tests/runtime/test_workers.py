@@ -1,6 +1,7 @@
 """Compiling in worker processes: real spawned workers, real GPU-less compiles."""
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -186,6 +187,30 @@ def test_a_kernel_that_stops_every_worker_is_dropped(graph, short_timeout, tmp_p
     assert counters.kernels.compiled == 0  # not tried here, where it would hang this process
     for pid in stopped_pids(tmp_path):
         wait_until(lambda: process_state(pid) is None, 10, "a stopped worker is still there")
+
+
+def test_workers_struck_before_the_pool_read_them_ready_are_replaced(graph, two_workers,
+                                                                     monkeypatch, caplog):
+    """Two workers started ahead, one killed and one stopped as soon as the zygote forks
+    them, before the pool read their ready messages: the build still runs in a worker
+    (the workers are not turned off as ones that cannot start), and no struck process is
+    left."""
+    (choice,) = add_choices(graph, (64,))  # starts both workers ahead
+    zygote = workers.pool().zygote.process.pid
+    wait_until(lambda: len(children(zygote)) == 2, 300, "the zygote forked no workers")
+    killed, stopped = children(zygote)
+    os.kill(killed, signal.SIGKILL)
+    os.kill(stopped, signal.SIGSTOP)
+    # a fork of a process with torch imported takes a while to exit (its memory first)
+    wait_until(lambda: process_state(killed) is None, 10, "the killed worker did not exit")
+    assert workers.pool().idle == 2  # neither read as ready yet
+    monkeypatch.setattr(config, "compile_worker_timeout_s", 6)
+    choice.precompile()
+    assert choice.failure is None and counters.kernels.compiled == 0  # built in a worker
+    assert workers.pool().cannot_start is None and workers.pool().running == 1
+    assert f"(pid {killed}) exited before it was given a build" in caplog.text
+    assert f"(pid {stopped}) did not answer within 6 s" in caplog.text
+    wait_until(lambda: process_state(stopped) is None, 10, "the stopped worker is still there")
 
 
 def test_a_worker_failing_for_its_own_reasons_leaves_the_compile_to_this_process(

@@ -22,7 +22,10 @@ TIMEOUT_S = 10  # a build of the add kernel takes 1-3 s in a worker on 2 busy co
 
 def disrupt(zygote_pid, struck, seconds=120):
     """Once two workers run and one of them is compiling, stop that one and kill the
-    other; their pids go into ``struck``."""
+    other; their pids go into ``struck``. A running fork may also be one the zygote has
+    just forked (a round that starts with one worker starts the second ahead, under
+    this watch), struck before the pool read it ready: the pool must take that as it
+    takes a worker struck later, not as workers that cannot start."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         forks = children(zygote_pid)
