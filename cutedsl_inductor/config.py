@@ -208,10 +208,11 @@ flex_bwd_fused_dq: bool = _knob(
     "docs/measurements.md)", changes_code=True, steers=Reach.FLEX)
 sdpa: bool = _knob(
     "sdpa", "CUTEDSL_INDUCTOR_SDPA", False, Boolean(),
-    "under max-autotune on sm_90, `scaled_dot_product_attention`'s forward and backward are "
-    "autotuned over every eligible ATen backend (flash, cuDNN, efficient) and our "
-    "FlexAttention kernels (`inductor/sdpa_pass.py`; timed: 1.87x of SDPA's default on an "
-    "H100, docs/measurements.md; off until its GPU tests are seen passing)",
+    "under max-autotune with CUTEDSL among the GEMM backends, on sm_90, "
+    "`scaled_dot_product_attention`'s forward and backward are autotuned over every "
+    "eligible ATen backend (flash, cuDNN, efficient) and our FlexAttention kernels "
+    "(`inductor/sdpa_pass.py`; 1.87x of SDPA's default on an H100, its GPU tests pass: "
+    "off until timed in `bench model`'s models, docs/measurements.md)",
     changes_code=True, steers=Reach.SDPA)
 aot: bool = _knob(
     "aot", "CUTEDSL_INDUCTOR_AOT", False, Boolean(),

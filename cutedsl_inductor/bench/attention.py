@@ -214,10 +214,12 @@ def _compiling(name: str) -> Iterator[list[str]]:
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
+    # the SDPA choice set applies where CUTEDSL is listed (config.sdpa)
+    listed = {"max_autotune_gemm_backends": "ATEN,TRITON,CUTEDSL"} if name == CHOICE else {}
     with config.patch(flex_attention=False, flex_only_ours=name == "ours",
                       sdpa=name == CHOICE), \
             functorch_config.patch(donated_buffer=False, enable_autograd_cache=False), \
-            inductor_config.patch(fx_graph_cache=False), \
+            inductor_config.patch(fx_graph_cache=False, **listed), \
             mock.patch.object(GraphLowering, "save_output_code", codes.append):
         yield codes
 

@@ -11,8 +11,9 @@ of ours can change the graph's code (``config.Reach``), each only on a CUDA grap
 * ``FLEX``: a flex_attention HOP is switched on (``flex.switched_on``);
 * ``TEMPLATES``: an op has an Inductor lowering defined outside torch (a user's template
   or ``cutedsl::add`` may serve it);
-* ``SDPA`` (and ``FLEX``: the choice set holds our flex kernels): ``config.sdpa`` is on
-  and the graph calls ``scaled_dot_product_attention`` or one of its ATen ops.
+* ``SDPA`` (and ``FLEX``: the choice set holds our flex kernels): ``config.sdpa`` is on,
+  CUTEDSL listed, max-autotune on, and the graph calls ``scaled_dot_product_attention``
+  or one of its ATen ops.
 
 Each pass of ours and ``CuteDSLChoices`` answer ``uuid()`` with ``fingerprint``: where
 the graph reaches something, a hash of our versions (this package's sources included:
@@ -20,7 +21,7 @@ generated modules import its kernels) and of the knobs that steer what it reache
 (``config.snapshot(reach)``); where it reaches nothing, what torch would key without the
 package (the wrapped pass's uuid, or None). So importing the package, a knob or an upgrade
 of ours changes no key of a CPU graph, nor of a CUDA graph that lists no CUTEDSL, switches
-on no flex and calls no custom lowering (nor SDPA with ``config.sdpa`` on). A uuid asked
+on no flex and calls no custom lowering. A uuid asked
 for outside a keying counts everything as reached. Torch 2.11's config keys the choices class by its name (no
 ``uuid``): there importing changes every key once, and nothing of ours changes it again.
 """
@@ -59,6 +60,11 @@ def cutedsl_gemm_enabled() -> bool:
     )
 
 
+def sdpa_choice_enabled() -> bool:
+    """``config.sdpa``'s choice set applies: the knob, CUTEDSL listed, max-autotune on."""
+    return config.sdpa and cutedsl_gemm_listed() and bool(inductor_config.max_autotune)
+
+
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs: Any) -> bool:
     values = [*example_inputs] + [node.meta.get(key) for module in gm.modules()
                                   if isinstance(module, torch.fx.GraphModule)
@@ -94,6 +100,7 @@ def reach(gm: torch.fx.GraphModule, example_inputs: Any) -> Reach:
     if not _on_cuda(gm, example_inputs):
         return Reach(0)
     found = Reach.GEMM if cutedsl_gemm_enabled() else Reach(0)
+    sdpa_choice = sdpa_choice_enabled()
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
@@ -102,7 +109,7 @@ def reach(gm: torch.fx.GraphModule, example_inputs: Any) -> Reach:
                 continue
             if switched_on(node):
                 found |= Reach.FLEX
-            elif config.sdpa and _sdpa(node.target):
+            elif sdpa_choice and _sdpa(node.target):
                 found |= Reach.SDPA | Reach.FLEX
             elif _custom_lowering(node.target):
                 found |= Reach.TEMPLATES

@@ -14,7 +14,8 @@ under ``torch._inductor.config.pattern_matcher``), not ``joint_custom_pre_pass``
 ``uuid`` would enter the FX graph cache key of every graph: a graph it rewrites carries
 our ops (the key sees them), one it does not keeps its key (``config.sdpa`` is in our
 part of every key, like every code-changing knob). It rewrites only with ``config.sdpa``
-on, under max-autotune (the choice set costs a timing of every choice, which
+on and CUTEDSL among the GEMM backends (a graph that lists no CUTEDSL is Inductor's
+alone), under max-autotune (the choice set costs a timing of every choice, which
 max-autotune asks for), for a target of sm_90 and ops on CUDA tensors.
 
 Rewritten: 4-D inputs, dropout 0, no debug mask, no bias or a bias broadcast over heads
@@ -37,9 +38,9 @@ from typing import Any
 
 import torch
 
-from .. import config
 from ..compile.compiler import target_arch
 from . import sdpa_ops  # noqa: F401  (registers torch.ops.cutedsl.sdpa*)
+from .cache_key import sdpa_choice_enabled
 from .fx_nodes import bound
 
 log = logging.getLogger(__name__)
@@ -238,11 +239,8 @@ def rewrite_sdpa(graph: torch.fx.Graph) -> int:
 
 
 def sdpa_pass_applies() -> bool:
-    """The knob is on, under max-autotune, for an sm_90 target."""
-    from torch._inductor import config as inductor_config
-
-    return (config.sdpa and bool(inductor_config.max_autotune)
-            and target_arch().startswith("sm_90"))
+    """The knob is on, CUTEDSL listed, under max-autotune, for an sm_90 target."""
+    return sdpa_choice_enabled() and target_arch().startswith("sm_90")
 
 
 class SDPAChoicePass:

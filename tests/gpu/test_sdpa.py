@@ -101,8 +101,9 @@ def compiled_step(q, k, v, mask, grad_out, causal, gqa=False, repeat_kv=False,
         out.backward(grad_out)
         return out
 
-    with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex":
-                                       name_filter}), \
+    # the choice set applies where CUTEDSL is listed
+    with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex": name_filter,
+                                       "max_autotune_gemm_backends": "ATEN,TRITON,CUTEDSL"}), \
             config.patch(sdpa=sdpa, flex_max_configs=1):
         poison_free_memory()
         out, codes = run_and_get_code(step)
@@ -242,7 +243,7 @@ def test_llama_trains_through_the_choice_set(forced):
     # forced: every choice but ATen's SDPA ones kept, so ours is the attention's
     name_filter = rf"{OURS}|^(?!cutedsl_sdpa_)" if forced else None
     with torch._inductor.config.patch({"test_configs.autotune_choice_name_regex": name_filter,
-                                       "max_autotune_gemm_backends": "ATEN"}), \
+                                       "max_autotune_gemm_backends": "ATEN,CUTEDSL"}), \
             config.patch(sdpa=True, flex_max_configs=1):
         got, codes = run_and_get_code(train_step, compiled, ids)
     code = "\n".join(codes)

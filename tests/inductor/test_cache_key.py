@@ -162,14 +162,23 @@ def test_reach_finds_flex_attention_switched_on_in_a_cuda_graph(monkeypatch):
 
 def test_reach_finds_sdpa_where_the_choice_set_is_on(monkeypatch):
     """``config.sdpa`` rewrites SDPA into our choice set (our flex kernels among it): a
-    CUDA graph calling SDPA reaches us only with it on; a CPU one never."""
+    CUDA graph calling SDPA reaches us only with it on, CUTEDSL listed and max-autotune
+    on; a CPU one never."""
     q = torch.randn(1, 2, 128, 16)
     graph = dynamo_graph(lambda q: torch.nn.functional.scaled_dot_product_attention(
         q, q, q, is_causal=True), q)
-    assert reach(graph, [fake_cuda(1, 2, 128, 16)]) == Reach(0)
-    monkeypatch.setattr(config, "sdpa", True)
-    assert reach(graph, [fake_cuda(1, 2, 128, 16)]) == Reach.SDPA | Reach.FLEX
-    assert reach(graph, [q]) == Reach(0)  # a CPU graph
+    cuda = [fake_cuda(1, 2, 128, 16)]
+    with torch._inductor.config.patch(max_autotune=True,
+                                      max_autotune_gemm_backends="ATEN,CUTEDSL"):
+        assert reach(graph, cuda) & Reach.SDPA == Reach(0)
+        monkeypatch.setattr(config, "sdpa", True)
+        assert reach(graph, cuda) & (Reach.SDPA | Reach.FLEX) == Reach.SDPA | Reach.FLEX
+        assert reach(graph, [q]) == Reach(0)  # a CPU graph
+    with torch._inductor.config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN"):
+        assert reach(graph, cuda) == Reach(0)  # no CUTEDSL listed
+    with torch._inductor.config.patch(max_autotune=False,
+                                      max_autotune_gemm_backends="ATEN,CUTEDSL"):
+        assert reach(graph, cuda) == Reach(0)
 
 
 @torch.library.custom_op("cutedsl_test::twice", mutates_args=())

@@ -100,19 +100,22 @@ def test_a_check_that_fails_to_run_counts_as_ineligible(monkeypatch):
     assert call(gm, SDPA).args[-1] == "flash"
 
 
-def test_the_pass_rewrites_only_with_the_knob_under_max_autotune_for_sm90(monkeypatch):
-    def applied(**inductor):
+def test_the_pass_rewrites_only_with_the_knob_and_cutedsl_under_max_autotune_for_sm90(
+        monkeypatch):
+    def applied(max_autotune=True, backends="ATEN,TRITON,CUTEDSL"):
         gm, _, _ = trace(Case())
-        with torch._inductor.config.patch(**inductor):
+        with torch._inductor.config.patch(max_autotune=max_autotune,
+                                          max_autotune_gemm_backends=backends):
             return sdpa_pass.SDPAChoicePass().apply(gm.graph)
 
     monkeypatch.setattr(config, "arch", "sm_90a")
-    assert applied(max_autotune=True) == 0  # the knob is off by default
+    assert applied() == 0  # the knob is off by default
     monkeypatch.setattr(config, "sdpa", True)
-    assert applied(max_autotune=True) == 1
+    assert applied() == 1
+    assert applied(backends="ATEN,TRITON") == 0  # a graph listing no CUTEDSL is Inductor's
     assert applied(max_autotune=False) == 0
     monkeypatch.setattr(config, "arch", "sm_100a")
-    assert applied(max_autotune=True) == 0
+    assert applied() == 0
 
 
 def test_the_pass_is_one_of_inductors_joint_graph_passes_and_keys_nothing():
