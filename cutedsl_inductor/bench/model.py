@@ -8,9 +8,9 @@ and the encoder ``bert``. Workloads (``model_workloads.py``): ``prefill``, ``dec
 ``--new-tokens`` generated per unit), ``small-m`` (64 sequences of one token, no cache) and
 ``train``; ``decode`` and ``small-m`` with and without CUDA graphs (``--graphs``).
 Variants (``model_variants.py``): ``eager``, ``default``, ``max-autotune`` (ATEN,TRITON),
-``cutedsl`` (ATEN,TRITON,CUTEDSL; its levers ``--fusion``, ``--pdl`` and ``--prologue``
-on and/or off, default the package's, or ``--levers``: the package's settings and each
-lever flipped alone) and ``cutedsl-no-triton`` (ATEN,CUTEDSL).
+``cutedsl`` (ATEN,TRITON,CUTEDSL; its levers ``--fusion``, ``--pdl``, ``--prologue`` and
+``--sdpa`` on and/or off, default the package's, or ``--levers``: the package's settings
+and each lever flipped alone) and ``cutedsl-no-triton`` (ATEN,CUTEDSL).
 
 Per family and workload, one process (``model_measure.Job``) compiles every variant, each
 under its own Inductor options, and times them in interleaved rounds; each of our
@@ -242,10 +242,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prologue", type=_switches("--prologue", _SETTING), default=[None],
                    help="cutedsl's prologue fusion (config.prologue_fusion): on, off, "
                         "default or a list")
+    p.add_argument("--sdpa", type=_switches("--sdpa", _SETTING), default=[None],
+                   help="cutedsl's SDPA choice set (config.sdpa: the model's attention "
+                        "autotuned over SDPA's backends and ours): on, off, default or a list")
     p.add_argument("--levers", action="store_true",
                    help="cutedsl at the package's settings, then with each lever (fusion, "
-                        "pdl, prologue) flipped alone, in the same rounds (instead of "
-                        "--fusion, --pdl and --prologue)")
+                        "pdl, prologue, sdpa) flipped alone, in the same rounds (instead of "
+                        "--fusion, --pdl, --prologue and --sdpa)")
     p.add_argument("--layers", type=parse_count, default=8)
     p.add_argument("--tokens", type=_parse_tokens, default=None,
                    help="BATCHxSEQ for prefill, small-m and train (default: each one's own)")

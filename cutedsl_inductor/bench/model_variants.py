@@ -4,7 +4,7 @@ its own graph.
 ``eager``; ``default`` (torch.compile; ``"reduce-overhead"`` under CUDA graphs);
 ``max-autotune`` (``max_autotune_gemm_backends="ATEN,TRITON"``); ``cutedsl``
 (ATEN,TRITON,CUTEDSL, with our levers where set, else the package's: ``epilogue_fusion``,
-``gemm_pdl``, ``prologue_fusion``); ``cutedsl-no-triton`` (ATEN,CUTEDSL). The
+``gemm_pdl``, ``prologue_fusion``, ``sdpa``); ``cutedsl-no-triton`` (ATEN,CUTEDSL). The
 max-autotune variants take the options of ``mode="max-autotune"`` (CUDA graphs) or
 ``"max-autotune-no-cudagraphs"``.
 
@@ -36,7 +36,8 @@ NAMES = ("eager", "default", "max-autotune", "cutedsl", "cutedsl-no-triton")
 BACKENDS = {"max-autotune": "ATEN,TRITON", "cutedsl": "ATEN,TRITON,CUTEDSL",
             "cutedsl-no-triton": "ATEN,CUTEDSL"}
 # our levers: Variant's fields and the knobs (config.py) they set
-LEVERS = {"fusion": "epilogue_fusion", "pdl": "gemm_pdl", "prologue": "prologue_fusion"}
+LEVERS = {"fusion": "epilogue_fusion", "pdl": "gemm_pdl", "prologue": "prologue_fusion",
+          "sdpa": "sdpa"}
 _OUR_KERNEL = re.compile(r"^(cutedsl_\w+) = load_kernel\(", re.M)
 
 
@@ -46,6 +47,7 @@ class Variant:
     fusion: bool | None = None  # ours only; None: config.epilogue_fusion as set
     pdl: bool | None = None  # ours only; None: config.gemm_pdl as set
     prologue: bool | None = None  # ours only; None: config.prologue_fusion as set
+    sdpa: bool | None = None  # ours only; None: config.sdpa (SDPA's choice set) as set
 
     @classmethod
     def of_row(cls, row: dict[str, Any]) -> Variant:

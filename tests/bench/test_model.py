@@ -64,18 +64,22 @@ def test_our_settings_are_variants_of_one_job_and_first_calls_share_their_caches
 def test_levers_flip_one_at_a_time_from_the_package_settings():
     (job,) = jobs_of(args("--families", "llama", "--workloads", "decode", "--variants",
                           "max-autotune,cutedsl", "--levers"))
-    with config.patch(epilogue_fusion=True, gemm_pdl=False, prologue_fusion=False):
+    with config.patch(epilogue_fusion=True, gemm_pdl=False, prologue_fusion=False,
+                      sdpa=False):
         assert variants_of(args("--variants", "max-autotune,cutedsl", "--levers")) == (
             Variant("max-autotune"), Variant("cutedsl"), Variant("cutedsl", fusion=False),
-            Variant("cutedsl", pdl=True), Variant("cutedsl", prologue=True))
+            Variant("cutedsl", pdl=True), Variant("cutedsl", prologue=True),
+            Variant("cutedsl", sdpa=True))
     assert [variant.label for variant in job.variants[2:]] == [
         f"cutedsl {lever} {'off' if getattr(config, knob) else 'on'}"
         for lever, knob in LEVERS.items()]
-    assert len(first_calls_of(job)) == 5  # every compiled variant, ours in one cache group
+    assert len(first_calls_of(job)) == 6  # every compiled variant, ours in one cache group
     crossed = variants_of(args("--variants", "cutedsl", "--pdl", "on,off", "--prologue",
                                "on,off"))
-    assert [(v.fusion, v.pdl, v.prologue) for v in crossed] == [
-        (None, True, True), (None, True, False), (None, False, True), (None, False, False)]
+    assert [(v.fusion, v.pdl, v.prologue, v.sdpa) for v in crossed] == [
+        (None, True, True, None), (None, True, False, None), (None, False, True, None),
+        (None, False, False, None)]
+    assert Variant("cutedsl", sdpa=True).knobs() == {"sdpa": True}
     assert Variant("cutedsl", pdl=True).knobs() == {"gemm_pdl": True}
 
 
