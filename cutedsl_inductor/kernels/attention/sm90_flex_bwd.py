@@ -17,7 +17,9 @@ GEMM is issued before dS^T is computed, so each elementwise pass overlaps a GEMM
 register an in-flight WGMMA reads or writes is touched before its wait); serial: both
 waited for, then both elementwise passes, then both GEMMs. The end stores dK * scale and dV
 (rows below KV_LEN) into the (Q batch, KV head) slices: a broadcast KV batch is summed
-by Inductor's lowering, GQA's Q heads inside the CTA. Each Q tile's LSE and delta go
+by Inductor's lowering, GQA's Q heads inside the CTA. Longest first
+(``FlexBwdConfig.lpt``): a 1-D grid in ``parts.longest_first``'s order, so that under a
+causal mask the CTAs with the most Q steps start first. Each Q tile's LSE and delta go
 through shared memory, a row of Q_STEP pairs per consumer warp (staged by the warp's own
 lanes between two warp syncs, once the tile's GEMMs are issued), not in registers: at head
 dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers.
@@ -73,13 +75,15 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
+from .bwd_config import KV_STEP, KV_TILE, LPT_L2_BYTES, Q_STEP, Q_TILE, FlexBwdConfig
 from ..sm90 import THREADS_PER_WG, WGMMA_M, FlexBwdBarrier
 from .parts import (
     LOG2E,
     as_a_operand,
     block_list,
     in_range,
+    longest_first,
+    lpt_section,
     walk_length,
     walk_tile,
 )
@@ -204,8 +208,15 @@ class Sm90FlexBackward:
         tmas += [x for t in q_views for x in _tma(t, ring, Q_STEP, d)]
         dkdv_args = (*tmas, mdK, mdV, mLSE, mDelta, q_num, q_idx, full_q_num, full_q_idx,
                      captures, mma_ss, mma_rs, resident, ring)
-        dkdv_launch = dict(grid=[(kv_len + KV_TILE - 1) // KV_TILE, kv_heads, batch],
-                           block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        self.kv_tiles = (kv_len + KV_TILE - 1) // KV_TILE
+        grid = [self.kv_tiles, kv_heads, batch]
+        if cutlass.const_expr(self.config.lpt):
+            # each CTA walks the Q and dO tiles of its KV head's group of Q heads
+            head_bytes = self.group * q_len * d * 2 * self.config.element_bytes
+            self.lpt_section = lpt_section(head_bytes, kv_heads * batch, LPT_L2_BYTES)
+            grid = [self.kv_tiles * kv_heads * batch, 1, 1]
+        dkdv_launch = dict(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1,
+                           stream=stream)
         if cutlass.const_expr(self.config.fused_dq):
             # dQ's fp32 accumulator, the zeroed workspace as (B, H, Q_LEN, D)
             accum = cute.make_tensor(mdQaccum.iterator, cute.make_layout(
@@ -552,7 +563,7 @@ class Sm90FlexBackward:
         (TMA atom, accumulator, MMA, dS and dQ smem layouts)."""
         tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do = loads
         tidx, _, _ = cute.arch.thread_idx()
-        n_tile, hkv, b_idx = cute.arch.block_idx()
+        n_tile, hkv, b_idx = self.dkdv_tile()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             for atom in (tma_k, tma_v, tma_q, tma_do):
@@ -589,6 +600,17 @@ class Sm90FlexBackward:
             self.consumer_dkdv(kv_pipe, q_pipe, (sK, sV, sQ, sdO), mma_ss, mma_rs, tidx,
                                n_tile, hkv, b_idx, mdK, mdV, (mLSE, mDelta, stats), sparse,
                                captures, fused)
+
+    @cute.jit
+    def dkdv_tile(self):
+        """(KV tile, KV head, batch) of this CTA: the grid's, or in the longest-first order
+        (``FlexBwdConfig.lpt``) that of its place in the 1-D grid."""
+        if cutlass.const_expr(self.config.lpt):
+            linear, _, _ = cute.arch.block_idx()
+            n_tile, head = longest_first(linear, self.kv_tiles, self.lpt_section)
+            b_idx = head // self.kv_heads
+            return n_tile, head - b_idx * self.kv_heads, b_idx
+        return cute.arch.block_idx()
 
     @cute.jit
     def consumer_dkdv(self, kv_pipe, q_pipe, tiles, mma_ss, mma_rs, tidx, n_tile, hkv, b_idx,

@@ -177,6 +177,25 @@ def test_the_fused_dq_kernel_compiles_with_its_workspace(graph, head_dim, mods, 
     choices[0].load()
 
 
+def test_the_lpt_knob_off_leaves_the_source_as_before(graph):
+    """``config.flex_bwd_lpt``: off, the rendered source names no LPT (the configs of
+    before the knob keep their sources and cache keys); on, the LPT define and the
+    config's field are all that differ, and the kernels compile (GQA: a section's heads
+    are KV heads)."""
+    sources = {}
+    for on in (False, True):
+        nodes, layout, subgraphs = bwd_inputs(graph, head_dim=128, kv_heads=2,
+                                              mods=MODS["causal"])
+        choices = []
+        with config.patch(flex_bwd_lpt=on):
+            assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
+    assert "lpt" not in sources[False].lower()
+    assert sources[True].replace("LPT: cutlass.Constexpr = True\n", "").replace(
+        ", lpt=LPT", "") == sources[False]
+    choices[0].load()
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("kv_batch", [B, 1])
 def test_gqa_compiles(graph, head_dim, kv_batch):

@@ -14,6 +14,9 @@ computed after ``wait_group 1`` (dP^T still running), dV's GEMM issued before dS
 computed after a second ``wait_group 1``; with plain scores (no score_mod) dS^T needs no
 exp2 of its own. Serial (``flex_pipelined`` off): one wait for both, the two GEMMs after.
 
+Longest first (``flex_bwd_lpt``): the dK/dV kernel's tile from a 1-D grid, its step
+unchanged.
+
 Registers (the cubins' resource usage, by ``cuobjdump``): no stack frame."""
 
 import os
@@ -37,11 +40,13 @@ from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
 from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.kernels.attention import test_bwd_template as bwd, test_template as fwd
 
-runs = [("fwd", "document", True, False), ("fwd", "alibi", True, False),
-        ("bwd", "document", True, False), ("bwd", "alibi", True, False),
-        ("bwd", "causal", False, False), ("bwd", "causal", True, True)]
-for direction, mods, pipelined, fused in runs:
-    with config.patch(disk_cache=False, flex_pipelined=pipelined, flex_bwd_fused_dq=fused), \
+runs = [("fwd", "document", True, False, False), ("fwd", "alibi", True, False, False),
+        ("bwd", "document", True, False, False), ("bwd", "alibi", True, False, False),
+        ("bwd", "causal", False, False, False), ("bwd", "causal", True, True, False),
+        ("bwd", "causal", True, False, False), ("bwd", "causal", True, False, True)]
+for direction, mods, pipelined, fused, lpt in runs:
+    with config.patch(disk_cache=False, flex_pipelined=pipelined, flex_bwd_fused_dq=fused,
+                      flex_bwd_lpt=lpt), \
             V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
         side, make = (fwd, flex_choices) if direction == "fwd" else (bwd, flex_bwd_choices)
         inputs = fwd.flex_inputs if direction == "fwd" else bwd.bwd_inputs
@@ -49,7 +54,8 @@ for direction, mods, pipelined, fused in runs:
         choices = []
         assert make(choices, nodes, layout, subgraphs, side.OPTIONS) is None
         choices[0].load()
-        label = f"{direction}-{mods}{'' if pipelined else '-serial'}{'-fused' if fused else ''}"
+        label = (f"{direction}-{mods}{'' if pipelined else '-serial'}{'-fused' if fused else ''}"
+                 f"{'-lpt' if lpt else ''}")
         print(label, choices[0].name)
 """
 
@@ -136,6 +142,19 @@ def test_the_fused_dq_adds_each_half_of_a_step_with_tma_reduce_adds(entries):
             tokens.append(token)
     assert " ".join(tokens).endswith("r S B256 M W1 B128 R W0"), tokens
     assert not re.search(r"\b(red|atom)\.global", ptx)
+
+
+def test_the_longest_first_dkdv_kernel_reads_its_tile_from_a_1d_grid(entries):
+    """``flex_bwd_lpt``: the dK/dV kernel's (KV tile, KV head, batch) come from
+    ``%ctaid.x`` alone (``parts.longest_first``), its step is the plain one's; the dQ
+    kernel keeps its 3-D grid."""
+    ctaids = {key: {c: len(re.findall(rf"%ctaid\.{c}\b", entries[key])) for c in "xyz"}
+              for key in [("bwd-causal", "dkdv"), ("bwd-causal-lpt", "dkdv"),
+                          ("bwd-causal-lpt", "dq")]}
+    assert ctaids["bwd-causal-lpt", "dkdv"]["y"] == ctaids["bwd-causal-lpt", "dkdv"]["z"] == 0
+    assert ctaids["bwd-causal", "dkdv"]["y"] and ctaids["bwd-causal", "dkdv"]["z"], ctaids
+    assert ctaids["bwd-causal-lpt", "dq"]["y"] and ctaids["bwd-causal-lpt", "dq"]["z"], ctaids
+    assert _order(entries["bwd-causal-lpt", "dkdv"]) == _order(entries["bwd-causal", "dkdv"])
 
 
 def test_the_backward_keeps_its_values_in_registers(compiled):
