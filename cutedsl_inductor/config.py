@@ -213,6 +213,13 @@ flex_bwd_lpt: bool = _knob(
     "a causal mask the tiles with the most Q steps), so the last wave holds short CTAs "
     "(FlashAttention-3's causal backward order; off until timed, docs/measurements.md)",
     changes_code=True, steers=Reach.FLEX)
+flex_bwd_early_s: bool = _knob(
+    "flex_bwd_early_s", "CUTEDSL_INDUCTOR_FLEX_BWD_EARLY_S", False, Boolean(),
+    "our FlexAttention backward's dK/dV step issues its S^T GEMM before waiting for the last "
+    "step's dV and dK GEMMs (released a step late), so the tensor cores do not drain between "
+    "steps (pipelined two-kernel backward only: ignored with `flex_bwd_fused_dq` or "
+    "`flex_pipelined` off; off until timed, docs/measurements.md)",
+    changes_code=True, steers=Reach.FLEX)
 sdpa: bool = _knob(
     "sdpa", "CUTEDSL_INDUCTOR_SDPA", False, Boolean(),
     "under max-autotune on sm_90, `scaled_dot_product_attention`'s forward and backward are "

@@ -22,7 +22,10 @@ by Inductor's lowering, GQA's Q heads inside the CTA. Longest first
 causal mask the CTAs with the most Q steps start first. Each Q tile's LSE and delta go
 through shared memory, a row of Q_STEP pairs per consumer warp (staged by the warp's own
 lanes between two warp syncs, once the tile's GEMMs are issued), not in registers: at head
-dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers.
+dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers. Early S^T
+(``FlexBwdConfig.early_s``, pipelined two-kernel only): a step ends with dV's and dK's
+GEMMs in flight; the next step issues S^T, then waits for them and releases their stage,
+so the tensor cores do not drain between steps.
 
 dQ kernel: one CTA per (128-row Q tile, Q head, batch), the forward's shape and
 BlockMask walk (``kv_num_blocks``/``kv_indices``, full blocks): Q and dO resident, K and V
@@ -635,6 +638,9 @@ class Sm90FlexBackward:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_pipe.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # early_s: the stage whose dV and dK GEMMs are still in flight, released a step late
+        held = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        holding = cutlass.Int32(0)
         for g in cutlass.range(self.group, unroll=1):
             h_idx = hkv * self.group + g
             blocks = self.blocks_of(sparse, n_tile, KV_TILE, self.config.sparse_kv_block,
@@ -643,11 +649,24 @@ class Sm90FlexBackward:
                 m_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
                                                   self.q_steps_per_block)
                 q_pipe.consumer_wait(state)
+                acc_s = None
+                if cutlass.const_expr(self.config.early_s):
+                    acc_s = self.issue_s(frags, mma_ss, ss_thr, state.index, wg)
+                    warpgroup.wait_group(1)  # the last step's dV and dK are in
+                    if holding > 0:
+                        q_pipe.consumer_release(held)
+                        held.advance()
+                    holding = cutlass.Int32(1)
                 self.dkdv_step(frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, state.index, wg,
                                is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, stats,
-                               captures, fused)
-                q_pipe.consumer_release(state)
+                               captures, fused, acc_s)
+                if cutlass.const_expr(not self.config.early_s):
+                    q_pipe.consumer_release(state)
                 state.advance()
+        if cutlass.const_expr(self.config.early_s):
+            warpgroup.wait_group(0)
+            if holding > 0:
+                q_pipe.consumer_release(held)
         self.store_rows(acc_dk, coords, mdK, kv_base, self.kv_len, b_idx, hkv,
                         self.config.sm_scale)
         self.store_rows(acc_dv, coords, mdV, kv_base, self.kv_len, b_idx, hkv, 1.0)
@@ -656,14 +675,30 @@ class Sm90FlexBackward:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
+    def issue_s(self, frags, mma_ss, ss_thr, stage, wg):
+        """S^T's accumulator, its GEMM issued as a commit group of its own (``early_s``:
+        while the last step's dV and dK run; its registers are free once that step's dS^T
+        is made, dP^T's are not: they hold dS^T, which dK's GEMM reads)."""
+        tSrK, _, tSrQ, _, _, _ = frags
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)), cutlass.Float32)
+        warpgroup.fence()
+        self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
+        warpgroup.commit_group()
+        return acc_s
+
+    @cute.jit
     def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
-                  q_base, kv_base, b_idx, h_idx, stats, captures, fused):
+                  q_base, kv_base, b_idx, h_idx, stats, captures, fused, acc_s=None):
         """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q. The
         tile's LSE and delta go through the warp's stats rows in shared memory, loaded
         while S^T and dP^T run: in registers (16 of each a thread) they left the
-        accumulators too few at head dim 128."""
+        accumulators too few at head dim 128. ``acc_s``: S^T's, its GEMM already issued
+        (``early_s``; the step then ends with dV's and dK's GEMMs in flight), or None."""
         tSrK, tSrV, tSrQ, tSrdO, tKrQt, tVrdOt = frags
-        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)), cutlass.Float32)
+        early = acc_s is not None
+        if cutlass.const_expr(not early):
+            acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)),
+                                          cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
         cS = ss_thr.partition_C(cute.make_identity_tensor((WGMMA_M, Q_STEP)))
         mLSE, mDelta, s_stats = stats
@@ -672,11 +707,13 @@ class Sm90FlexBackward:
         rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
         edge = (kv_base + WGMMA_M > self.kv_len) | (q_base + Q_STEP > self.q_len)
         warpgroup.fence()
-        self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
+        if cutlass.const_expr(not early):
+            self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
         if cutlass.const_expr(self.config.pipelined):
             # S^T, then dP^T, in commit groups of their own: P^T while dP^T runs, then
             # dV's GEMM issued and dS^T computed while it runs
-            warpgroup.commit_group()
+            if cutlass.const_expr(not early):
+                warpgroup.commit_group()
             self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
             warpgroup.commit_group()
             self.stage_stats(mLSE, mDelta, q_base, b_idx, h_idx, s_stats)
@@ -708,7 +745,8 @@ class Sm90FlexBackward:
             # dQ's GEMM (and dV's) done, dK's still running: dQ goes out meanwhile
             warpgroup.wait_group(1)
             self.dq_add(fused, wg, q_base, b_idx, h_idx)
-        warpgroup.wait_group(0)
+        if cutlass.const_expr(not early):
+            warpgroup.wait_group(0)
 
     # ------------------------------------------------------------- fused dQ
     @staticmethod
