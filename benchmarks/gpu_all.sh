@@ -18,11 +18,12 @@
 #                                             pdl (the PDL GEMMs' GPU test, then Llama decode
 #                                             with and without CUDA graphs, PDL off and on)
 #                                             attention_levers (bench attention --quick, each
-#                                             lever off and on: the backward's fused dQ, the
-#                                             forward's ping-pong, the persistent forward,
-#                                             the forward's folded scale;
+#                                             lever off and on: the backward's fused dQ,
+#                                             longest-first dK/dV order and early S^T,
+#                                             the forward's ping-pong, the persistent
+#                                             forward, the forward's folded scale;
 #                                             ATTENTION_ARGS as above, LEVERS (default
-#                                             all four, e.g. FLEX_PERSISTENT:fwd),
+#                                             all six, e.g. FLEX_PERSISTENT:fwd),
 #                                             LEVER_VARIANTS default ours,triton,sdpa-cudnn)
 #                                             attention_profile (the backward on causal, two
 #                                             kernels and fused dQ, each variant's kernels
@@ -151,7 +152,7 @@ for s in $steps; do
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
         ${ATTENTION_ARGS:---quick} --out "$OUT" ;;
     attention_levers)
-      for lever in ${LEVERS:-FLEX_BWD_FUSED_DQ:bwd FLEX_PINGPONG:fwd FLEX_PERSISTENT:fwd FLEX_FOLD_SCALE:fwd}; do
+      for lever in ${LEVERS:-FLEX_BWD_FUSED_DQ:bwd FLEX_BWD_LPT:bwd FLEX_BWD_EARLY_S:bwd FLEX_PINGPONG:fwd FLEX_PERSISTENT:fwd FLEX_FOLD_SCALE:fwd}; do
         for on in 0 1; do
           env "CUTEDSL_INDUCTOR_${lever%:*}=$on" python3 -m cutedsl_inductor bench attention \
             ${ATTENTION_ARGS:---quick} --directions "${lever#*:}" --variants "${LEVER_VARIANTS:-ours,triton,sdpa-cudnn}" \

@@ -206,6 +206,20 @@ flex_bwd_fused_dq: bool = _knob(
     "reduce-adds into a zeroed fp32 workspace of B*H*Q_LEN*D floats, then cast), five "
     "GEMMs per tile pair instead of the dQ kernel's three more (off until faster, "
     "docs/measurements.md)", changes_code=True, steers=Reach.FLEX)
+flex_bwd_lpt: bool = _knob(
+    "flex_bwd_lpt", "CUTEDSL_INDUCTOR_FLEX_BWD_LPT", False, Boolean(),
+    "our FlexAttention backward's dK/dV CTAs start longest first: a 1-D grid, heads in "
+    "sections whose Q and dO fit in L2, each section's KV tile 0 of every head first (under "
+    "a causal mask the tiles with the most Q steps), so the last wave holds short CTAs "
+    "(FlashAttention-3's causal backward order; off until timed, docs/measurements.md)",
+    changes_code=True, steers=Reach.FLEX)
+flex_bwd_early_s: bool = _knob(
+    "flex_bwd_early_s", "CUTEDSL_INDUCTOR_FLEX_BWD_EARLY_S", False, Boolean(),
+    "our FlexAttention backward's dK/dV step issues its S^T GEMM before waiting for the last "
+    "step's dV and dK GEMMs (released a step late), so the tensor cores do not drain between "
+    "steps (pipelined two-kernel backward only: ignored with `flex_bwd_fused_dq` or "
+    "`flex_pipelined` off; off until timed, docs/measurements.md)",
+    changes_code=True, steers=Reach.FLEX)
 sdpa: bool = _knob(
     "sdpa", "CUTEDSL_INDUCTOR_SDPA", False, Boolean(),
     "under max-autotune with CUTEDSL among the GEMM backends, on sm_90, "

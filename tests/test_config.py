@@ -123,7 +123,7 @@ def test_the_cache_key_holds_exactly_the_knobs_that_change_generated_code():
                                       "flex_attention", "flex_max_configs",
                                       "flex_only_ours", "flex_pipelined", "flex_pingpong",
                                       "flex_persistent", "flex_fold_scale",
-                                      "flex_bwd_fused_dq",
+                                      "flex_bwd_fused_dq", "flex_bwd_lpt", "flex_bwd_early_s",
                                       "prologue_fusion", "sdpa", "aot", "fp8", "fp8_swiglu",
                                       "distributed_autotune"}
     with config.patch(gemm_max_configs=3):

@@ -428,6 +428,16 @@ def test_backward_fused_dq(case):
     check_backward(**FUSED_CASES[case](), fused=True)
 
 
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+@pytest.mark.parametrize("knob", ["flex_bwd_lpt", "flex_bwd_early_s"])
+def test_backward_dkdv_levers(case, knob):
+    """The two-kernel backward with a dK/dV lever on (the longest-first CTA order; S^T
+    issued before the last step's dV and dK are waited for), on the fused cases' shapes,
+    masks and GQA walks."""
+    with config.patch(**{knob: True}):
+        check_backward(**FUSED_CASES[case]())
+
+
 # Gradients of captured tensors: learnable tables whose gradients our dK/dV kernel adds
 # atomically (fp32) into the buffers Inductor zeroes. Against a float64 run of the whole
 # attention their error is what bf16's rounding of O leaves once their sums cancel: an

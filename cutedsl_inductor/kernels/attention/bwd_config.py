@@ -18,6 +18,9 @@ KV_TILE = 128  # dK/dV kernel: KV rows per CTA, 64 per consumer warpgroup
 Q_STEP = 64  # dK/dV kernel: Q rows per pipeline stage
 Q_TILE = 128  # dQ kernel: Q rows per CTA, 64 per consumer warpgroup
 KV_STEP = 64  # dQ kernel: KV rows per pipeline stage
+# longest-first dK/dV order: the Q and dO bytes one section's heads may hold in L2 (an
+# H100's is 50 MB; K and V stream past)
+LPT_L2_BYTES = 32 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +35,19 @@ class FlexBwdConfig:
     # dQ accumulated by the dK/dV kernel (TMA reduce-adds of fp32 tiles into a workspace,
     # then cast): five GEMMs per tile pair, not the dQ kernel's three more
     fused_dq: bool = False
+    # dK/dV CTAs in the longest-first order (``parts.longest_first``: a 1-D grid, KV tile 0
+    # of each L2-sized section of heads first)
+    lpt: bool = False
+    # dK/dV: each step's S^T GEMM issued before the last step's dV and dK are waited for
+    # (pipelined, two kernels)
+    early_s: bool = False
     element_bytes: int = 2
 
     def __post_init__(self) -> None:
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head dim {self.head_dim} is not one of {HEAD_DIMS}")
+        if self.early_s and (self.fused_dq or not self.pipelined):
+            raise ValueError("early S^T takes the pipelined dK/dV step without fused dQ")
         if self.stages < 2:
             raise ValueError(f"stages {self.stages} unsupported")
         if self.sparse_q_block % Q_TILE:
@@ -63,13 +74,15 @@ class FlexBwdConfig:
 
 def default_bwd_configs(head_dim: int, sparse_q_block: int, sparse_kv_block: int,
                         has_full_blocks: bool, sm_scale: float, pipelined: bool = True,
-                        fused_dq: bool = False) -> list[FlexBwdConfig]:
+                        fused_dq: bool = False, lpt: bool = False,
+                        early_s: bool = False) -> list[FlexBwdConfig]:
     """The configs offered, best guess first; those that do not fit are left out."""
     out = []
     for stages in ((2,) if head_dim == 128 else (3, 2)):
         try:
             out.append(FlexBwdConfig(head_dim, stages, sparse_q_block, sparse_kv_block,
-                                     has_full_blocks, sm_scale, pipelined, fused_dq))
+                                     has_full_blocks, sm_scale, pipelined, fused_dq, lpt,
+                                     early_s))
         except ValueError:
             continue
     return out

@@ -90,7 +90,9 @@ class {{kernel_name}}_FlexBwd(Sm90FlexBackward):
     kernel = {{kernel_name}}_FlexBwd(FlexBwdConfig(
         head_dim=HEAD_DIM, stages=STAGES, sparse_q_block=SPARSE_Q_BLOCK,
         sparse_kv_block=SPARSE_KV_BLOCK, has_full_blocks=HAS_FULL_BLOCKS, sm_scale=SM_SCALE,
-        pipelined=PIPELINED, fused_dq=FUSED_DQ))
+        pipelined=PIPELINED, fused_dq=FUSED_DQ
+        {{- ", lpt=LPT" if LPT is defined else ""}}
+        {{- ", early_s=EARLY_S" if EARLY_S is defined else ""}}))
     kernel(q, k, v, lse, delta, grad_out, grad_query, {{get_output()}}, grad_value,
            q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, kv_num_blocks,
            kv_indices, full_kv_num_blocks, full_kv_indices, {{modification_inputs()}}, stream
@@ -153,7 +155,9 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
                                       int(options["SPARSE_KV_BLOCK_SIZE"]),
                                       bool(options["HAS_FULL_BLOCKS"]),
                                       float(options["SM_SCALE"]), config.flex_pipelined,
-                                      config.flex_bwd_fused_dq)
+                                      config.flex_bwd_fused_dq, config.flex_bwd_lpt,
+                                      config.flex_bwd_early_s and config.flex_pipelined
+                                      and not config.flex_bwd_fused_dq)
     except (KeyError, TypeError, ValueError) as err:
         return f"flex's kernel options: {type(err).__name__}: {err}"
     if not configs:
@@ -185,9 +189,13 @@ def flex_bwd_choices(choices: list[Any], nodes: list[Any], layout: Any, subgraph
 
 
 def bwd_params_of(cfg: FlexBwdConfig) -> Params:
+    """The template's parameters; LPT and EARLY_S only where on, so that the other
+    configs' sources (and cache keys) stay those of before the knobs."""
+    optional = {name: True for name, on in (("LPT", cfg.lpt), ("EARLY_S", cfg.early_s)) if on}
     return Params.of(dict(HEAD_DIM=cfg.head_dim, STAGES=cfg.stages, SPARSE_Q_BLOCK=cfg.sparse_q_block,
                 SPARSE_KV_BLOCK=cfg.sparse_kv_block, HAS_FULL_BLOCKS=cfg.has_full_blocks,
-                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined, FUSED_DQ=cfg.fused_dq))
+                SM_SCALE=cfg.sm_scale, PIPELINED=cfg.pipelined, FUSED_DQ=cfg.fused_dq,
+                **optional))
 
 
 def dq_workspace(query: Any) -> Workspace:

@@ -23,6 +23,14 @@ that is full runs backwards (a snake), so a CTA's long tile of one round pairs w
 short one of the next: with a fixed stride alone, 132 CTAs over 16 Q tiles a head give
 CTA c the tiles ``c % 4`` apart from the longest, and the walks' lengths differ by up to
 40%. ``persistent_grid`` picks the grid.
+
+The backward's longest-first order (``longest_first``): CTA ``linear`` of a 1-D grid
+takes tile ``within // section`` of head ``section * s + within % section`` (section
+``s = linear // (section * tiles)``, ``within`` the rest): each section of ``section``
+heads, whose Q and dO stay in L2 together, is walked tile 0 of every head first, then
+tile 1, ... Under a causal mask the dK/dV kernel's low KV tiles walk the most Q steps, so
+the long CTAs start first and the last wave holds short ones. ``section`` divides the
+heads (``lpt_section``), so every section is whole.
 """
 
 import cutlass
@@ -120,3 +128,23 @@ def persistent_tile(step, q_tiles, heads, tiles, grid):
     m_block = q_tiles - 1 - (j - bh * q_tiles)
     b_idx = bh // heads
     return m_block, bh - b_idx * heads, b_idx
+
+
+def lpt_section(head_bytes: int, heads: int, budget: int) -> int:
+    """The heads of one section of the longest-first order: the largest power of two that
+    divides ``heads`` and whose heads' ``head_bytes`` each fit in ``budget`` (at least 1).
+    Static sizes only."""
+    section = 1
+    while heads % (2 * section) == 0 and 2 * section * head_bytes <= budget:
+        section *= 2
+    return section
+
+
+def longest_first(linear, tiles, section):
+    """(tile, head) of CTA ``linear`` in the longest-first order (Python or DSL integers;
+    ``tiles`` and ``section`` static)."""
+    per = section * tiles
+    s = linear // per
+    within = linear - s * per
+    tile = within // section
+    return tile, s * section + within - tile * section

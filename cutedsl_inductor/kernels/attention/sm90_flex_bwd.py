@@ -17,10 +17,15 @@ GEMM is issued before dS^T is computed, so each elementwise pass overlaps a GEMM
 register an in-flight WGMMA reads or writes is touched before its wait); serial: both
 waited for, then both elementwise passes, then both GEMMs. The end stores dK * scale and dV
 (rows below KV_LEN) into the (Q batch, KV head) slices: a broadcast KV batch is summed
-by Inductor's lowering, GQA's Q heads inside the CTA. Each Q tile's LSE and delta go
+by Inductor's lowering, GQA's Q heads inside the CTA. Longest first
+(``FlexBwdConfig.lpt``): a 1-D grid in ``parts.longest_first``'s order, so that under a
+causal mask the CTAs with the most Q steps start first. Each Q tile's LSE and delta go
 through shared memory, a row of Q_STEP pairs per consumer warp (staged by the warp's own
 lanes between two warp syncs, once the tile's GEMMs are issued), not in registers: at head
-dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers.
+dim 128 the consumer's dK, dV, S^T, dP^T, P^T and dS^T fill its 240 registers. Early S^T
+(``FlexBwdConfig.early_s``, pipelined two-kernel only): a step ends with dV's and dK's
+GEMMs in flight; the next step issues S^T, then waits for them and releases their stage,
+so the tensor cores do not drain between steps.
 
 dQ kernel: one CTA per (128-row Q tile, Q head, batch), the forward's shape and
 BlockMask walk (``kv_num_blocks``/``kv_indices``, full blocks): Q and dO resident, K and V
@@ -73,13 +78,15 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .bwd_config import KV_STEP, KV_TILE, Q_STEP, Q_TILE, FlexBwdConfig
+from .bwd_config import KV_STEP, KV_TILE, LPT_L2_BYTES, Q_STEP, Q_TILE, FlexBwdConfig
 from ..sm90 import THREADS_PER_WG, WGMMA_M, FlexBwdBarrier
 from .parts import (
     LOG2E,
     as_a_operand,
     block_list,
     in_range,
+    longest_first,
+    lpt_section,
     walk_length,
     walk_tile,
 )
@@ -204,8 +211,15 @@ class Sm90FlexBackward:
         tmas += [x for t in q_views for x in _tma(t, ring, Q_STEP, d)]
         dkdv_args = (*tmas, mdK, mdV, mLSE, mDelta, q_num, q_idx, full_q_num, full_q_idx,
                      captures, mma_ss, mma_rs, resident, ring)
-        dkdv_launch = dict(grid=[(kv_len + KV_TILE - 1) // KV_TILE, kv_heads, batch],
-                           block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        self.kv_tiles = (kv_len + KV_TILE - 1) // KV_TILE
+        grid = [self.kv_tiles, kv_heads, batch]
+        if cutlass.const_expr(self.config.lpt):
+            # each CTA walks the Q and dO tiles of its KV head's group of Q heads
+            head_bytes = self.group * q_len * d * 2 * self.config.element_bytes
+            self.lpt_section = lpt_section(head_bytes, kv_heads * batch, LPT_L2_BYTES)
+            grid = [self.kv_tiles * kv_heads * batch, 1, 1]
+        dkdv_launch = dict(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1,
+                           stream=stream)
         if cutlass.const_expr(self.config.fused_dq):
             # dQ's fp32 accumulator, the zeroed workspace as (B, H, Q_LEN, D)
             accum = cute.make_tensor(mdQaccum.iterator, cute.make_layout(
@@ -552,7 +566,7 @@ class Sm90FlexBackward:
         (TMA atom, accumulator, MMA, dS and dQ smem layouts)."""
         tma_k, g_k, tma_v, g_v, tma_q, g_q, tma_do, g_do = loads
         tidx, _, _ = cute.arch.thread_idx()
-        n_tile, hkv, b_idx = cute.arch.block_idx()
+        n_tile, hkv, b_idx = self.dkdv_tile()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             for atom in (tma_k, tma_v, tma_q, tma_do):
@@ -591,6 +605,17 @@ class Sm90FlexBackward:
                                captures, fused)
 
     @cute.jit
+    def dkdv_tile(self):
+        """(KV tile, KV head, batch) of this CTA: the grid's, or in the longest-first order
+        (``FlexBwdConfig.lpt``) that of its place in the 1-D grid."""
+        if cutlass.const_expr(self.config.lpt):
+            linear, _, _ = cute.arch.block_idx()
+            n_tile, head = longest_first(linear, self.kv_tiles, self.lpt_section)
+            b_idx = head // self.kv_heads
+            return n_tile, head - b_idx * self.kv_heads, b_idx
+        return cute.arch.block_idx()
+
+    @cute.jit
     def consumer_dkdv(self, kv_pipe, q_pipe, tiles, mma_ss, mma_rs, tidx, n_tile, hkv, b_idx,
                       mdK, mdV, stats, sparse, captures, fused):
         sK, sV, sQ, sdO = tiles
@@ -613,6 +638,9 @@ class Sm90FlexBackward:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_pipe.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # early_s: the stage whose dV and dK GEMMs are still in flight, released a step late
+        held = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        holding = cutlass.Int32(0)
         for g in cutlass.range(self.group, unroll=1):
             h_idx = hkv * self.group + g
             blocks = self.blocks_of(sparse, n_tile, KV_TILE, self.config.sparse_kv_block,
@@ -621,11 +649,24 @@ class Sm90FlexBackward:
                 m_tile, is_partial = self.tile_of(blocks, t, self.config.sparse_q_block // Q_STEP,
                                                   self.q_steps_per_block)
                 q_pipe.consumer_wait(state)
+                acc_s = None
+                if cutlass.const_expr(self.config.early_s):
+                    acc_s = self.issue_s(frags, mma_ss, ss_thr, state.index, wg)
+                    warpgroup.wait_group(1)  # the last step's dV and dK are in
+                    if holding > 0:
+                        q_pipe.consumer_release(held)
+                        held.advance()
+                    holding = cutlass.Int32(1)
                 self.dkdv_step(frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, state.index, wg,
                                is_partial, m_tile * Q_STEP, kv_base, b_idx, h_idx, stats,
-                               captures, fused)
-                q_pipe.consumer_release(state)
+                               captures, fused, acc_s)
+                if cutlass.const_expr(not self.config.early_s):
+                    q_pipe.consumer_release(state)
                 state.advance()
+        if cutlass.const_expr(self.config.early_s):
+            warpgroup.wait_group(0)
+            if holding > 0:
+                q_pipe.consumer_release(held)
         self.store_rows(acc_dk, coords, mdK, kv_base, self.kv_len, b_idx, hkv,
                         self.config.sm_scale)
         self.store_rows(acc_dv, coords, mdV, kv_base, self.kv_len, b_idx, hkv, 1.0)
@@ -634,14 +675,30 @@ class Sm90FlexBackward:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
+    def issue_s(self, frags, mma_ss, ss_thr, stage, wg):
+        """S^T's accumulator, its GEMM issued as a commit group of its own (``early_s``:
+        while the last step's dV and dK run; its registers are free once that step's dS^T
+        is made, dP^T's are not: they hold dS^T, which dK's GEMM reads)."""
+        tSrK, _, tSrQ, _, _, _ = frags
+        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)), cutlass.Float32)
+        warpgroup.fence()
+        self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
+        warpgroup.commit_group()
+        return acc_s
+
+    @cute.jit
     def dkdv_step(self, frags, acc_dk, acc_dv, mma_ss, mma_rs, ss_thr, stage, wg, is_partial,
-                  q_base, kv_base, b_idx, h_idx, stats, captures, fused):
+                  q_base, kv_base, b_idx, h_idx, stats, captures, fused, acc_s=None):
         """One Q tile: S^T and dP^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q. The
         tile's LSE and delta go through the warp's stats rows in shared memory, loaded
         while S^T and dP^T run: in registers (16 of each a thread) they left the
-        accumulators too few at head dim 128."""
+        accumulators too few at head dim 128. ``acc_s``: S^T's, its GEMM already issued
+        (``early_s``; the step then ends with dV's and dK's GEMMs in flight), or None."""
         tSrK, tSrV, tSrQ, tSrdO, tKrQt, tVrdOt = frags
-        acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)), cutlass.Float32)
+        early = acc_s is not None
+        if cutlass.const_expr(not early):
+            acc_s = cute.make_rmem_tensor(ss_thr.partition_shape_C((WGMMA_M, Q_STEP)),
+                                          cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(acc_s.layout, cutlass.Float32)
         cS = ss_thr.partition_C(cute.make_identity_tensor((WGMMA_M, Q_STEP)))
         mLSE, mDelta, s_stats = stats
@@ -650,11 +707,13 @@ class Sm90FlexBackward:
         rdS = cute.make_rmem_tensor(acc_dp.layout, self.dtype)
         edge = (kv_base + WGMMA_M > self.kv_len) | (q_base + Q_STEP > self.q_len)
         warpgroup.fence()
-        self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
+        if cutlass.const_expr(not early):
+            self.gemm_ss(mma_ss, acc_s, tSrK, wg - 1, tSrQ, stage)
         if cutlass.const_expr(self.config.pipelined):
             # S^T, then dP^T, in commit groups of their own: P^T while dP^T runs, then
             # dV's GEMM issued and dS^T computed while it runs
-            warpgroup.commit_group()
+            if cutlass.const_expr(not early):
+                warpgroup.commit_group()
             self.gemm_ss(mma_ss, acc_dp, tSrV, wg - 1, tSrdO, stage)
             warpgroup.commit_group()
             self.stage_stats(mLSE, mDelta, q_base, b_idx, h_idx, s_stats)
@@ -686,7 +745,8 @@ class Sm90FlexBackward:
             # dQ's GEMM (and dV's) done, dK's still running: dQ goes out meanwhile
             warpgroup.wait_group(1)
             self.dq_add(fused, wg, q_base, b_idx, h_idx)
-        warpgroup.wait_group(0)
+        if cutlass.const_expr(not early):
+            warpgroup.wait_group(0)
 
     # ------------------------------------------------------------- fused dQ
     @staticmethod

@@ -177,6 +177,36 @@ def test_the_fused_dq_kernel_compiles_with_its_workspace(graph, head_dim, mods, 
     choices[0].load()
 
 
+@pytest.mark.parametrize("knob, define, field", [("flex_bwd_lpt", "LPT", "lpt"),
+                                                 ("flex_bwd_early_s", "EARLY_S", "early_s")])
+def test_the_dkdv_knobs_off_leave_the_source_as_before(graph, knob, define, field):
+    """``config.flex_bwd_lpt``, ``config.flex_bwd_early_s``: off, the rendered source
+    names neither (the configs of before the knobs keep their sources and cache keys); on,
+    the define and the config's field are all that differ, and the kernels compile (GQA:
+    a section's heads are KV heads, a walk of two Q heads carries early S^T across them)."""
+    sources = {}
+    for on in (False, True):
+        nodes, layout, subgraphs = bwd_inputs(graph, head_dim=128, kv_heads=2,
+                                              mods=MODS["causal"])
+        choices = []
+        with config.patch(**{knob: on}):
+            assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
+    assert field not in sources[False].lower()
+    assert sources[True].replace(f"{define}: cutlass.Constexpr = True\n", "").replace(
+        f", {field}={define}", "") == sources[False]
+    choices[0].load()
+
+
+@pytest.mark.parametrize("other", [dict(flex_bwd_fused_dq=True), dict(flex_pipelined=False)])
+def test_early_s_is_ignored_where_the_step_is_fused_or_serial(graph, other):
+    nodes, layout, subgraphs = bwd_inputs(graph, head_dim=128, mods=MODS["causal"])
+    choices = []
+    with config.patch(flex_bwd_early_s=True, **other):
+        assert flex_bwd_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    assert "early_s" not in choices[0].source.lower()
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("kv_batch", [B, 1])
 def test_gqa_compiles(graph, head_dim, kv_batch):

@@ -14,6 +14,10 @@ computed after ``wait_group 1`` (dP^T still running), dV's GEMM issued before dS
 computed after a second ``wait_group 1``; with plain scores (no score_mod) dS^T needs no
 exp2 of its own. Serial (``flex_pipelined`` off): one wait for both, the two GEMMs after.
 
+Longest first (``flex_bwd_lpt``): the dK/dV kernel's tile from a 1-D grid, its step
+unchanged. Early S^T (``flex_bwd_early_s``): the step's S^T issued before the last step's
+dV and dK are waited for, checked in the SASS too (``nvdisasm``).
+
 Registers (the cubins' resource usage, by ``cuobjdump``): no stack frame."""
 
 import os
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cuobjdump
+from tests.helpers import cuobjdump, nvdisasm
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -37,11 +41,14 @@ from cutedsl_inductor.kernels.attention.bwd_template import flex_bwd_choices
 from cutedsl_inductor.kernels.attention.template import flex_choices
 from tests.kernels.attention import test_bwd_template as bwd, test_template as fwd
 
-runs = [("fwd", "document", True, False), ("fwd", "alibi", True, False),
-        ("bwd", "document", True, False), ("bwd", "alibi", True, False),
-        ("bwd", "causal", False, False), ("bwd", "causal", True, True)]
-for direction, mods, pipelined, fused in runs:
-    with config.patch(disk_cache=False, flex_pipelined=pipelined, flex_bwd_fused_dq=fused), \
+runs = [("fwd", "document", True, False, ""), ("fwd", "alibi", True, False, ""),
+        ("bwd", "document", True, False, ""), ("bwd", "alibi", True, False, ""),
+        ("bwd", "causal", False, False, ""), ("bwd", "causal", True, True, ""),
+        ("bwd", "causal", True, False, ""), ("bwd", "causal", True, False, "lpt"),
+        ("bwd", "causal", True, False, "early")]
+for direction, mods, pipelined, fused, knob in runs:
+    with config.patch(disk_cache=False, flex_pipelined=pipelined, flex_bwd_fused_dq=fused,
+                      flex_bwd_lpt=knob == "lpt", flex_bwd_early_s=knob == "early"), \
             V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
         side, make = (fwd, flex_choices) if direction == "fwd" else (bwd, flex_bwd_choices)
         inputs = fwd.flex_inputs if direction == "fwd" else bwd.bwd_inputs
@@ -49,7 +56,8 @@ for direction, mods, pipelined, fused in runs:
         choices = []
         assert make(choices, nodes, layout, subgraphs, side.OPTIONS) is None
         choices[0].load()
-        label = f"{direction}-{mods}{'' if pipelined else '-serial'}{'-fused' if fused else ''}"
+        label = (f"{direction}-{mods}{'' if pipelined else '-serial'}{'-fused' if fused else ''}"
+                 f"{'-' + knob if knob else ''}")
         print(label, choices[0].name)
 """
 
@@ -136,6 +144,61 @@ def test_the_fused_dq_adds_each_half_of_a_step_with_tma_reduce_adds(entries):
             tokens.append(token)
     assert " ".join(tokens).endswith("r S B256 M W1 B128 R W0"), tokens
     assert not re.search(r"\b(red|atom)\.global", ptx)
+
+
+def test_the_longest_first_dkdv_kernel_reads_its_tile_from_a_1d_grid(entries):
+    """``flex_bwd_lpt``: the dK/dV kernel's (KV tile, KV head, batch) come from
+    ``%ctaid.x`` alone (``parts.longest_first``), its step is the plain one's; the dQ
+    kernel keeps its 3-D grid."""
+    ctaids = {key: {c: len(re.findall(rf"%ctaid\.{c}\b", entries[key])) for c in "xyz"}
+              for key in [("bwd-causal", "dkdv"), ("bwd-causal-lpt", "dkdv"),
+                          ("bwd-causal-lpt", "dq")]}
+    assert ctaids["bwd-causal-lpt", "dkdv"]["y"] == ctaids["bwd-causal-lpt", "dkdv"]["z"] == 0
+    assert ctaids["bwd-causal", "dkdv"]["y"] and ctaids["bwd-causal", "dkdv"]["z"], ctaids
+    assert ctaids["bwd-causal-lpt", "dq"]["y"] and ctaids["bwd-causal-lpt", "dq"]["z"], ctaids
+    assert _order(entries["bwd-causal-lpt", "dkdv"]) == _order(entries["bwd-causal", "dkdv"])
+
+
+def _dkdv_gemms(tool, cubin):
+    """The dK/dV kernel's HGMMAs and WGMMA waits in its SASS (``tool``: nvdisasm), as
+    (text, shape, accumulator's first register, A's first register or None)."""
+    sass = subprocess.run([tool, "-c", str(cubin)], check=True, capture_output=True,
+                          text=True).stdout
+    (dkdv,) = [part for part in re.split(r"\n\s*\.text\.", sass)
+               if part.startswith("kernel_cutlass_kernel_dkdv")]
+    found = re.finditer(r"HGMMA\.64x(\d+)x16\S* R(\d+), (?:R(\d+), )?gdesc|"
+                        r"DEPBAR\.LE gsb0, 0x(\d)", dkdv)
+    return [(f"W{m[4]}" if m[4] else f"M{m[1]}", int(m[2] or 0), m[3] and int(m[3]))
+            for m in found]
+
+
+def test_early_s_issues_the_next_s_gemm_while_dv_and_dk_run(compiled, entries):
+    """``flex_bwd_early_s``: the step issues S^T, waits for the last step's dV and dK
+    (``wait_group 1``) and releases their stage, then runs as before but for its end: no
+    ``wait_group 0`` until the walk is done. In the SASS ptxas kept it (no waits of its
+    own, no serialized WGMMAs): S^T's accumulator shares no register with the in-flight
+    GEMMs' A operands (P^T, dS^T) or accumulators (dV, dK)."""
+    assert _order(entries["bwd-causal-early", "dkdv"]) == "M C W1 M C W1 e M C W1 M C W0"
+    assert _order(entries["bwd-causal", "dkdv"]) == "M C M C W1 e M C W1 M C W0"
+    tool = nvdisasm()
+    if tool is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    choice_of, dump = compiled
+    (cubin,) = dump.glob(f"cutlass_{choice_of['bwd-causal-early']}_main_*.cubin")
+    gemms = _dkdv_gemms(tool, cubin)
+    tokens = []
+    for kind, _, _ in gemms:
+        if tokens and tokens[-1][0] == kind and kind != "W":
+            tokens[-1] = (kind, tokens[-1][1] + 1)
+        else:
+            tokens.append((kind, 1))
+    assert " ".join(f"{k}x{n}" if n > 1 else k for k, n in tokens) == (
+        "M64x8 W1 M64x8 W1 M128x4 W1 M128x4 W0"), tokens
+    s_acc = set(range(gemms[0][1], gemms[0][1] + 32))  # 64 x 64 fp32: 32 a thread
+    for kind, acc, a in gemms:
+        if kind == "M128":
+            assert not s_acc & set(range(acc, acc + 64)), (gemms[0], acc)
+            assert not s_acc & set(range(a, a + 4)), (gemms[0], a)
 
 
 def test_the_backward_keeps_its_values_in_registers(compiled):
