@@ -35,9 +35,9 @@ import torch
 
 from cutedsl_inductor import config
 from cutedsl_inductor.bench import aot_run
+from cutedsl_inductor.compile.exported import SHIPPED_SUFFIX
 
 SHAPE = (256, 512, 512)  # M, N, K
-SHIPPED_SUFFIX = ".cutedsl"
 TIMEOUT_S = 300
 # the child that only loads a package (the crash came in the load): aot_run's import block
 LOAD_ONLY = (
@@ -126,9 +126,10 @@ def diagnose(argv: list[str], log: Path) -> list[str]:
     prefix = log.with_suffix(".lddebug")
     subprocess.run(argv, capture_output=True, timeout=TIMEOUT_S,
                    env=dict(os.environ, LD_DEBUG="files", LD_DEBUG_OUTPUT=str(prefix)))
-    opened = [line.split(":", 1)[1].strip()
-              for traced in sorted(prefix.parent.glob(prefix.name + ".*"))
-              for line in traced.read_text(errors="replace").splitlines()
+    # one file per process; the one that died never reached "calling fini"
+    traces = [path.read_text(errors="replace") for path in prefix.parent.glob(prefix.name + ".*")]
+    died = [text for text in traces if "calling fini" not in text] or traces
+    opened = [line.split(":", 1)[1].strip() for text in died[:1] for line in text.splitlines()
               if "calling init:" in line or "opening file=" in line]
     lines += [f"LD_DEBUG: {line}" for line in opened[-8:]]
     return lines
