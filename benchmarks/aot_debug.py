@@ -1,7 +1,7 @@
 """Where an AOTInductor package's load dies (docs/aot.md, "Package load crash"): small
 packages with and without our kernels, each loaded where CuTe DSL does not import.
 
-    python -m benchmarks.aot_debug [--out DIR] [--device cuda|cpu] [PACKAGE ...]
+    python -m benchmarks.aot_debug [--out DIR] [--device cuda|cpu] [--given-only] [PACKAGE ...]
     bash benchmarks/gpu_all.sh aot_debug     # after an aot step: its Llama packages too
 
 Builds, in this process, a bf16 GEMM with a ReLU (256x512x512) as AOTInductor packages:
@@ -13,7 +13,8 @@ must then fail, cleanly, naming the missing file). Each is loaded and called onc
 fresh process by ``cutedsl_inductor/bench/aot_run.py`` (CuTe DSL, TVM-FFI and this
 package blocked, ``CUTEDSL_AOT_TRACE=1``); ``ours_const`` once more in a process that
 imported CuTe DSL first. Every ``PACKAGE`` given (e.g. ``bench aot``'s Llama packages) is
-loaded the same way, without a call. A process that dies of a signal is run again under
+loaded the same way, without a call (``--given-only``: those alone, nothing
+built). A process that dies of a signal is run again under
 ``gdb -batch`` (its backtrace: the library and function that faulted) and with
 ``LD_DEBUG=files`` (the last libraries it opened). One line per package and result; logs
 in DIR. On a CPU (``--device cpu``, the default without a GPU) only ``aten_const`` is built
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/aot_debug"))
     parser.add_argument("--device", choices=("cuda", "cpu"),
                         default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--given-only", action="store_true",
+                        help="load the PACKAGEs given, build none")
     parser.add_argument("packages", nargs="*", type=Path)
     args = parser.parse_args(argv)
     out = args.out
@@ -170,8 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.save(reference, out / "reference.pt")
     torch.save((x,), out / "inputs_x.pt")
     torch.save((x, w), out / "inputs_xw.pt")
-    cases = [("aten_const", Linear(w), (x,), "ATEN", "inputs_x.pt")]
-    if args.device == "cuda":
+    cases = [] if args.given_only else [("aten_const", Linear(w), (x,), "ATEN", "inputs_x.pt")]
+    if args.device == "cuda" and not args.given_only:
         cases = [("ours_const", Linear(w), (x,), "CUTEDSL", "inputs_x.pt"),
                  ("ours_inputs", Matmul(), (x, w), "CUTEDSL", "inputs_xw.pt"), *cases]
     built: dict[str, tuple[Path, str]] = {}

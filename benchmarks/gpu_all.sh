@@ -46,7 +46,7 @@
 #                                             where CuTe DSL does not import; a child killed
 #                                             by a signal rerun under gdb and LD_DEBUG; also
 #                                             loads AOT_DEBUG_PACKAGES, default the packages
-#                                             an earlier aot step left in $OUT/aot)
+#                                             an earlier aot or bench aot left in $OUT/aot)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest

@@ -1,5 +1,6 @@
 """``benchmarks/aot_debug.py`` without a GPU: the package without our kernels built, loaded
-and called in a fresh process where CuTe DSL does not import; a child that dies of a
+and called in a fresh process where CuTe DSL does not import, and loaded again as a
+given package; a child that dies of a
 signal gets its backtrace (gdb) and its last opened libraries (LD_DEBUG); the stripped
 package loses exactly the shipped ``.cutedsl`` files."""
 
@@ -17,6 +18,12 @@ def test_on_a_cpu_the_package_without_ours_loads_and_matches_in_a_fresh_process(
     out = capsys.readouterr().out
     (line,) = [line for line in out.splitlines() if line.startswith("aten_const: rc")]
     assert line.startswith("aten_const: rc 0 {") and '"ok": true' in line, out
+    main(["--given-only", "--out", str(tmp_path / "again"),
+          str(tmp_path / "out" / "aten_const.pt2")])
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if line.startswith("aten_const")]  # no build
+    (line,) = [line for line in out.splitlines() if line.startswith("given_0: rc")]
+    assert line.startswith('given_0: rc 0 {"load_s": '), out
 
 
 def test_a_child_killed_by_a_signal_is_diagnosed(tmp_path, capsys):
