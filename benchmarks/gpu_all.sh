@@ -42,6 +42,12 @@
 #                                             aot (the AOTInductor GPU tests, then bench aot:
 #                                             a Llama packaged with and without our kernels,
 #                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
+#                                             aot_debug (benchmarks/aot_debug.py, ~3 min: small
+#                                             packages with and without our kernels loaded
+#                                             where CuTe DSL does not import; a child killed
+#                                             by a signal rerun under gdb and LD_DEBUG; also
+#                                             loads AOT_DEBUG_PACKAGES, default the packages
+#                                             an earlier aot or bench aot left in $OUT/aot)
 # precompiled: tests/gpu/test_precompiled.py (a cache precompiled here with the GPU hidden,
 # and .device/precompiled where that folder came along); pytest: every GPU test
 # (PYTEST_ARGS: other paths or options, e.g. "-n 8 tests/gpu" with pytest-xdist). A pytest
@@ -147,6 +153,8 @@ for s in $steps; do
     checks) checks ;;
     aot) step aot_test gpu_tests tests/gpu/test_aot.py
         step aot python3 -m cutedsl_inductor bench aot ${AOT_ARGS:-} --out "$OUT/aot" ;;
+    aot_debug) TAIL=${TAIL:-120} step aot_debug python3 -m benchmarks.aot_debug \
+        --out "$OUT/aot_debug" ${AOT_DEBUG_PACKAGES:-$(ls "$OUT"/aot/cutedsl-bench-aot-*/*.pt2 2>/dev/null)} ;;
     bench_gemm_shards) shards gemm ;;
     bench_epilogue_shards) shards epilogue ;;
     bench_attention) step bench_attention python3 -m cutedsl_inductor bench attention \
