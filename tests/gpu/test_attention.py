@@ -165,6 +165,16 @@ def test_the_serial_mainloop(monkeypatch, head_dim, mask_mod):
         check(1000, 1000, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
 
+def document_or(mask_mod, q_len, kv_len):
+    """``mask_mod``, or for "document" a document mask over ``q_len`` (skipped where the
+    lengths differ: document ids index queries and keys alike)."""
+    if mask_mod != "document":
+        return mask_mod
+    if q_len != kv_len:
+        pytest.skip("document ids index queries and keys alike")
+    return make_document(q_len)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("mask_mod", [None, causal, "document"])
 @pytest.mark.parametrize("q_len, kv_len", [(1000, 1000), (333, 77), (64, 700)])
@@ -173,10 +183,7 @@ def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len, pingpong
     """``config.flex_pingpong`` on (the default): the warpgroups take turns issuing their
     GEMMs (a turn missed or doubled hangs the CTA; one KV tile, several, a tile only half
     full); off: their GEMMs interleave as the schedulers take them."""
-    if mask_mod == "document":
-        if q_len != kv_len:
-            pytest.skip("document ids index queries and keys alike")
-        mask_mod = make_document(q_len)
+    mask_mod = document_or(mask_mod, q_len, kv_len)
     with config.patch(flex_pingpong=pingpong):
         check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
@@ -187,10 +194,7 @@ def test_pingpong_turns(monkeypatch, head_dim, mask_mod, q_len, kv_len, pingpong
 def test_the_folded_scale(monkeypatch, head_dim, mask_mod, q_len, kv_len):
     """``config.flex_fold_scale`` on: the row max over the raw scores, sm_scale log2e in
     the exp2's FFMA (masked and out-of-range scores stay -inf, a tile only half full)."""
-    if mask_mod == "document":
-        if q_len != kv_len:
-            pytest.skip("document ids index queries and keys alike")
-        mask_mod = make_document(q_len)
+    mask_mod = document_or(mask_mod, q_len, kv_len)
     with config.patch(flex_fold_scale=True):
         check(q_len, kv_len, monkeypatch, head_dim=head_dim, mask_mod=mask_mod)
 
