@@ -199,7 +199,8 @@ flex_fold_scale: bool = _knob(
     "flex_fold_scale", "CUTEDSL_INDUCTOR_FLEX_FOLD_SCALE", True, Boolean(),
     "where the score_mod is the identity and sm_scale > 0, our FlexAttention forward folds "
     "sm_scale into the exp2's FFMA (row max of the raw scores: 64 FMULs a thread and KV "
-    "tile fewer; 2-3% faster on causal, sliding and document masks)", changes_code=True, steers=Reach.FLEX)
+    "tile fewer; 2-3% faster on causal, sliding and document masks)", changes_code=True,
+    steers=Reach.FLEX)
 flex_bwd_fused_dq: bool = _knob(
     "flex_bwd_fused_dq", "CUTEDSL_INDUCTOR_FLEX_BWD_FUSED_DQ", False, Boolean(),
     "our FlexAttention backward in one kernel: dQ accumulated by the dK/dV kernel (TMA "
