@@ -36,9 +36,10 @@
 #                                             correctness only, no timings in that step;
 #                                             CHECKS: which of sdpa attention models models2
 #                                             e2e fp8 aot (the default) and splitk persistent
-#                                             (the split-K and swap-AB GEMMs, the persistent
-#                                             forward); on an H100 seven at once ran a training
-#                                             test out of memory)
+#                                             bwd_levers (the split-K and swap-AB GEMMs, the
+#                                             persistent forward, the backward's knobs off);
+#                                             on an H100 seven at once ran a training test
+#                                             out of memory)
 #                                             aot (the AOTInductor GPU tests, then bench aot:
 #                                             a Llama packaged with and without our kernels,
 #                                             prefill 4x2048 and decode batch 8; AOT_ARGS)
@@ -112,6 +113,7 @@ checks() {  # several GPU test files at once: their compiles share the host's CP
       aot) check_job aot tests/gpu/test_aot.py & ;;
       splitk) check_job splitk tests/gpu/test_gemm.py -k "split_k or small_m or swap_ab" & ;;
       persistent) check_job persistent tests/gpu/test_attention.py -k persistent & ;;
+      bwd_levers) check_job bwd_levers tests/gpu/test_attention.py -k dkdv_levers & ;;
       *) echo "unknown check $name"; status=1 ;;
     esac
   done
