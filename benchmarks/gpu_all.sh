@@ -37,7 +37,7 @@
 #                                             CHECKS: which of sdpa attention models models2
 #                                             e2e fp8 aot (the default) and splitk persistent
 #                                             bwd_levers (the split-K and swap-AB GEMMs, the
-#                                             persistent forward, the backward's knobs off);
+#                                             persistent forward, the backward's new knobs);
 #                                             on an H100 seven at once ran a training test
 #                                             out of memory)
 #                                             aot (the AOTInductor GPU tests, then bench aot:
