@@ -82,37 +82,44 @@ def test_the_persistent_kernel_compiles(graph, head_dim, mods):
         choice.load()
 
 
+def offered(inputs, **knobs):
+    """Our choices for ``inputs`` (``flex_inputs``') with ``knobs`` set."""
+    nodes, layout, subgraphs = inputs
+    choices = []
+    with config.patch(**knobs):
+        assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
+    return choices
+
+
+def source_of(choice):
+    return choice.source.replace(choice.name, "NAME")
+
+
+def without(source, define, field):
+    """``source`` without the ``define`` a knob adds and the config field it sets."""
+    return source.replace(f"{define}: cutlass.Constexpr = True\n", "").replace(
+        f", {field}={define}", "")
+
+
 def test_the_persistent_knob_off_leaves_the_source_as_before(graph):
     """Off, the rendered source names no persistence, so the configs of before the knob
     keep their sources; on, the PERSISTENT define and the config's field are all that
     differ."""
-    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
-    sources = {}
-    for on in (False, True):
-        choices = []
-        with config.patch(flex_persistent=on):
-            assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
-        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
-    assert "persistent" not in sources[False].lower()
-    assert sources[True].replace("PERSISTENT: cutlass.Constexpr = True\n", "").replace(
-        ", persistent=PERSISTENT", "") == sources[False]
+    inputs = flex_inputs(graph, mods=MODS["causal"])
+    off, on = (source_of(offered(inputs, flex_persistent=mode)[0]) for mode in ("off", "on"))
+    assert "persistent" not in off.lower()
+    assert without(on, "PERSISTENT", "persistent") == off
 
 
 def test_the_persistent_choice_adds_the_first_configs_twin(graph):
     """``flex_persistent="choice"`` (the default): the configs of "off", then the first
     one's persistent twin, whose source differs in the PERSISTENT define alone."""
-    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS["causal"])
-    offered = {}
-    for mode in ("off", "choice"):
-        offered[mode] = []
-        with config.patch(flex_persistent=mode):
-            assert flex_choices(offered[mode], nodes, layout, subgraphs, OPTIONS) is None
-    plain, with_twin = offered["off"], offered["choice"]
+    inputs = flex_inputs(graph, mods=MODS["causal"])
+    plain = offered(inputs, flex_persistent="off")
+    with_twin = offered(inputs, flex_persistent="choice")
     assert len(plain) == config.flex_max_configs and len(with_twin) == len(plain) + 1
     assert [c.name for c in with_twin[:-1]] == [c.name for c in plain]
-    twin = with_twin[-1].source.replace(with_twin[-1].name, "NAME")
-    assert twin.replace("PERSISTENT: cutlass.Constexpr = True\n", "").replace(
-        ", persistent=PERSISTENT", "") == plain[0].source.replace(plain[0].name, "NAME")
+    assert without(source_of(with_twin[-1]), "PERSISTENT", "persistent") == source_of(plain[0])
 
 
 @pytest.mark.parametrize("mods, folded", [("causal", True), ("none", True), ("alibi", False)])
@@ -120,19 +127,15 @@ def test_the_fold_scale_knob_folds_the_identity_score_mod_alone(graph, mods, fol
     """``config.flex_fold_scale``: the FOLD_SCALE define and the config's field where the
     score_mod is the identity (the rendered choice compiles), nothing where it is not;
     off, the source of before the knob."""
-    nodes, layout, subgraphs = flex_inputs(graph, mods=MODS[mods])
-    sources = {}
-    for on in (False, True):
-        choices = []
-        with config.patch(flex_fold_scale=on):
-            assert flex_choices(choices, nodes, layout, subgraphs, OPTIONS) is None
-        sources[on] = choices[0].source.replace(choices[0].name, "NAME")
-    assert "fold_scale" not in sources[False].lower()
-    assert ("fold_scale=FOLD_SCALE" in sources[True]) == folded
-    assert sources[True].replace("FOLD_SCALE: cutlass.Constexpr = True\n", "").replace(
-        ", fold_scale=FOLD_SCALE", "") == sources[False]
+    inputs = flex_inputs(graph, mods=MODS[mods])
+    off = source_of(offered(inputs, flex_fold_scale=False)[0])
+    folded_choice = offered(inputs, flex_fold_scale=True)[0]
+    on = source_of(folded_choice)
+    assert "fold_scale" not in off.lower()
+    assert ("fold_scale=FOLD_SCALE" in on) == folded
+    assert without(on, "FOLD_SCALE", "fold_scale") == off
     if folded and mods == "causal":
-        choices[0].load()
+        folded_choice.load()
 
 
 def test_a_negative_scale_is_not_folded(graph):
